@@ -1,0 +1,171 @@
+"""One agent per host: spawns workers when the coordinator asks, forwards their output, reports exits.
+
+Workers are started in their own process group; on ``stop`` they get SIGTERM (a graceful leave), on
+``exit`` after a failed job they are killed. The agent exits when the coordinator says the job is
+over and its workers are gone, or when it loses the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import IO
+
+from elastrain.errors import CoordinatorLost
+from elastrain.rendezvous.wire import Message, RpcClient
+
+log = logging.getLogger("elastrain.agent")
+
+
+@dataclass
+class AgentConfig:
+    """Where the coordinator is, which host this agent stands for, and what to run."""
+
+    coordinator: str
+    token: str
+    host: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    prefix_output: bool = True
+    kill_grace_s: float = 10.0
+
+
+class Agent:
+    """Spawns and supervises the workers of one host."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.tails: dict[str, deque[str]] = {}
+        self._lock = threading.Lock()
+        self._exit_requested = threading.Event()
+        self._job_success = True
+        self.client = RpcClient(
+            config.coordinator,
+            config.token,
+            {"role": "agent", "host": config.host, "pid": os.getpid()},
+            on_push=self._on_push,
+            on_disconnect=self._exit_requested.set,
+        )
+
+    def _on_push(self, msg: Message) -> None:
+        kind = msg.get("type")
+        if kind == "spawn":
+            for spec in msg.get("workers", []):
+                self._spawn(str(spec["worker_id"]), int(spec["local_rank"]))
+        elif kind == "stop":
+            for wid in msg.get("worker_ids", []):
+                self._signal(wid, signal.SIGTERM)
+        elif kind == "exit":
+            self._job_success = bool(msg.get("success", True))
+            self._exit_requested.set()
+
+    def _spawn(self, worker_id: str, local_rank: int) -> None:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N workers must not each take every core
+        env.update(self.config.env)
+        env.update(
+            {
+                "ELASTRAIN_COORDINATOR": self.config.coordinator,
+                "ELASTRAIN_JOB_TOKEN": self.config.token,
+                "ELASTRAIN_WORKER_ID": worker_id,
+                "ELASTRAIN_HOST": self.config.host,
+                "ELASTRAIN_LOCAL_RANK": str(local_rank),
+                "LOCAL_RANK": str(local_rank),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        proc = subprocess.Popen(
+            self.config.command,
+            env=env,
+            stdout=subprocess.PIPE if self.config.prefix_output else None,
+            stderr=subprocess.STDOUT if self.config.prefix_output else None,
+            start_new_session=True,
+        )
+        with self._lock:
+            self.procs[worker_id] = proc
+            self.tails[worker_id] = deque(maxlen=40)
+        self.client.notify("worker_started", worker_id=worker_id, pid=proc.pid)
+        if proc.stdout is not None:
+            threading.Thread(target=self._pump, args=(worker_id, proc.stdout), daemon=True).start()
+        threading.Thread(target=self._watch, args=(worker_id, proc), daemon=True).start()
+
+    def _pump(self, worker_id: str, stream: IO[bytes]) -> None:
+        tail = self.tails[worker_id]
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            tail.append(line)
+            sys.stdout.write(f"[{worker_id}] {line}\n")
+            sys.stdout.flush()
+
+    def _watch(self, worker_id: str, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        time.sleep(0.05) if proc.stdout is not None else None  # let the pump print the last lines
+        tail = "\n".join(self.tails.get(worker_id, ()))
+        self.client.notify("worker_exited", worker_id=worker_id, returncode=code, tail=tail)
+        with self._lock:
+            self.procs.pop(worker_id, None)
+
+    def _signal(self, worker_id: str, sig: signal.Signals) -> None:
+        with self._lock:
+            proc = self.procs.get(worker_id)
+        if proc is not None and proc.poll() is None:
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate_all(self, sig: signal.Signals) -> None:
+        """Send `sig` to every worker still running."""
+        with self._lock:
+            ids = list(self.procs)
+        for wid in ids:
+            self._signal(wid, sig)
+
+    def run(self) -> int:
+        """Serve until the job is over; return the agent's exit code."""
+        signal.signal(signal.SIGTERM, lambda *_: self.terminate_all(signal.SIGTERM))
+        self._exit_requested.wait()
+        # After success the workers finish on their own (evaluation, saving); otherwise stop them.
+        failed = not self._job_success or not self.client.connected
+        deadline = time.monotonic() + (self.config.kill_grace_s if failed else float("inf"))
+        if failed:
+            self.terminate_all(signal.SIGTERM)
+        while self.procs and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.terminate_all(signal.SIGKILL)
+        self.client.close()
+        return 0 if self._job_success else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`elastrain agent`: join a job's coordinator as one host."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="elastrain agent", description=main.__doc__)
+    parser.add_argument("--coordinator", required=True, help="HOST:PORT printed by `elastrain run`")
+    parser.add_argument("--host", required=True, help="this host's name as the hostfile lists it")
+    parser.add_argument("--token", default=os.environ.get("ELASTRAIN_JOB_TOKEN", ""), help="job token")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the training command after --")
+    logging.basicConfig(level=logging.WARNING, format="elastrain-agent: %(message)s")
+    try:
+        agent = Agent(AgentConfig(args.coordinator, args.token, args.host, command))
+    except CoordinatorLost as exc:
+        print(f"elastrain agent: {exc}", file=sys.stderr)
+        return 2
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

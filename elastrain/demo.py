@@ -1,0 +1,138 @@
+"""`elastrain demo`: the main job. 2 workers -> 4 (hostfile rewritten) -> kill -9 one -> back to 2.
+
+The demo drives a real `elastrain run` of examples/mnist_elastic.py, acts when the ledger shows the
+job has reached each stage, then prints the report built from the workers' own ledgers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from elastrain.errors import ConfigError
+from elastrain.hostfile import Host, write_hostfile
+from elastrain.report import build_report, format_report, load_ledgers
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_elastic.py"
+HOSTS = [f"127.0.0.{i}" for i in range(2, 6)]
+TRAIN_SAMPLES = 10_000
+
+
+class JobWatcher:
+    """Reads a running job's ledger and events as they grow."""
+
+    def __init__(self, ledger_dir: Path, proc: subprocess.Popen[bytes]) -> None:
+        self.dir = ledger_dir
+        self.proc = proc
+
+    def generations(self) -> list[dict[str, Any]]:
+        path = self.dir / "events.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("event") == "generation":
+                out.append(record)
+        return out
+
+    def commits_in(self, generation: int) -> int:
+        steps = set()
+        for records in load_ledgers(self.dir).values():
+            steps.update(r["s"] for r in records if r["k"] == "c" and r["g"] == generation)
+        return len(steps)
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if self.proc.poll() is not None:
+                raise ConfigError(f"the job ended before {what}; see its output above")
+            if time.monotonic() > deadline:
+                raise ConfigError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.1)
+
+    def wait_world(self, world: int, steps: int) -> dict[str, Any]:
+        """Wait for a generation of `world` workers that has committed `steps` steps; return it."""
+        found: dict[str, Any] = {}
+
+        def ready() -> bool:
+            gens = self.generations()
+            if gens and gens[-1]["world_size"] == world and self.commits_in(gens[-1]["generation"]) >= steps:
+                found.update(gens[-1])
+                return True
+            return False
+
+        self.wait(f"{steps} steps at world size {world}", ready)
+        return found
+
+
+def _say(text: str) -> None:
+    print(f"\n=== demo: {text}", flush=True)
+
+
+def run_demo(json_path: Path | None, epochs: int = 8, workdir: Path | None = None) -> int:
+    """Run the demo; returns the exit code (0 when every check of the report holds)."""
+    if not EXAMPLE.exists():
+        raise ConfigError(f"{EXAMPLE} not found; run the demo from a checkout of the repository")
+    work = workdir or Path(tempfile.mkdtemp(prefix="elastrain-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    hostfile, ledger, result = work / "hostfile", work / "ledger", work / "result.json"
+    write_hostfile(hostfile, [Host(h, 1) for h in HOSTS[:2]], generation=1)
+    _say("preparing MNIST-1D (generated offline, cached)")
+    subprocess.run([sys.executable, str(EXAMPLE.parent / "mnist1d_data.py")], check=True)
+    command = [
+        sys.executable, "-m", "elastrain", "run", "--min-np", "2", "--max-np", "4", "--hostfile", str(hostfile),
+        "--ledger", str(ledger), "--join-grace", "20",
+        sys.executable, str(EXAMPLE), "--epochs", str(epochs), "--step-sleep", "0.004", "--result", str(result),
+    ]
+    _say(f"starting: elastrain run --min-np 2 --max-np 4 --hostfile {hostfile} python {EXAMPLE.name}")
+    proc = subprocess.Popen(command, start_new_session=True)
+    watcher = JobWatcher(ledger, proc)
+    try:
+        watcher.wait_world(2, 60)
+        _say("rewriting the hostfile: 2 -> 4 hosts")
+        write_hostfile(hostfile, [Host(h, 1) for h in HOSTS], generation=2)
+        gen4 = watcher.wait_world(4, 60)
+        victim = next(m for m in gen4["members"] if m["host"] == HOSTS[3])
+        _say(f"kill -9 worker {victim['worker_id']} (pid {victim['pid']})")
+        os.kill(victim["pid"], signal.SIGKILL)
+        watcher.wait_world(3, 60)
+        _say("rewriting the hostfile: 4 -> 2 hosts (graceful scale-in)")
+        write_hostfile(hostfile, [Host(h, 1) for h in HOSTS[:2]], generation=3)
+        watcher.wait_world(2, 1)
+        code = proc.wait(timeout=600)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        raise
+    report = build_report(ledger, TRAIN_SAMPLES)
+    if result.exists():
+        report.update(json.loads(result.read_text()))
+    report["job_exit_code"] = code
+    report["workdir"] = str(work)
+    ok = (
+        code == 0
+        and report["surviving_worker_pids_unchanged"]
+        and all(e["samples"] == TRAIN_SAMPLES and e["duplicates"] == 0 and e["missing"] == 0
+                for e in report["epochs"])
+        and len(report["epochs"]) == epochs
+    )
+    report["passed"] = ok
+    _say("report")
+    print(format_report(report))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2))
+        print(f"report written to {json_path}")
+    return 0 if ok else 1

@@ -1,0 +1,1 @@
+"""`elastrain run`: the launcher. Starts the coordinator, the local agents, and watches the hosts."""

@@ -1,0 +1,111 @@
+"""Where the job's hosts come from: a static list, a watched hostfile, or a discovery script."""
+
+from __future__ import annotations
+
+import abc
+import logging
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from elastrain.errors import ConfigError, HostfileError
+from elastrain.hostfile import Hostfile, parse_host_list, parse_hostfile, read_hostfile
+
+log = logging.getLogger("elastrain.hosts")
+
+
+class HostSource(abc.ABC):
+    """Produces the current host list and, for watched sources, calls back on every change."""
+
+    @abc.abstractmethod
+    def read(self) -> Hostfile:
+        """The current hosts; raises HostfileError when unreadable."""
+
+    def watch(self, on_change: Callable[[Hostfile], None], stop: threading.Event, interval_s: float) -> None:
+        """Poll for changes until `stop` is set (static sources never change)."""
+        last = self.read()
+        while not stop.wait(interval_s):
+            try:
+                current = self.read()
+            except HostfileError as exc:
+                log.warning("%s (keeping the previous host list)", exc)
+                continue
+            if current != last:
+                last = current
+                on_change(current)
+
+
+class StaticHosts(HostSource):
+    """``-H host:slots,...`` or a single local host: never changes."""
+
+    def __init__(self, hostfile: Hostfile) -> None:
+        self._hostfile = hostfile
+
+    def read(self) -> Hostfile:
+        return self._hostfile
+
+    def watch(self, on_change: Callable[[Hostfile], None], stop: threading.Event, interval_s: float) -> None:
+        stop.wait()
+
+
+class WatchedHostfile(HostSource):
+    """A hostfile re-read whenever its content changes (the platform rewrites it atomically)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last_stat: tuple[int, int, int] | None = None
+        self._last: Hostfile | None = None
+
+    def read(self) -> Hostfile:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            raise HostfileError(f"hostfile {self.path} does not exist; create it or fix --hostfile") from None
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if key != self._last_stat or self._last is None:
+            self._last = read_hostfile(self.path)
+            self._last_stat = key
+        return self._last
+
+
+class DiscoveryScript(HostSource):
+    """A horovodrun-style ``--host-discovery-script``: prints ``host:slots`` lines."""
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+
+    def read(self) -> Hostfile:
+        try:
+            out = subprocess.run([self.script], capture_output=True, text=True, timeout=30, check=True).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise HostfileError(f"host discovery script {self.script} failed: {exc}") from None
+        lines = []
+        for line in out.splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                name, _, slots = line.partition(":")
+                lines.append(f"{name} slots={slots or 1}")
+        return parse_hostfile("\n".join(lines), f"output of {self.script}")
+
+
+def make_host_source(
+    host_list: str | None, hostfile: str | None, discovery: str | None, nproc_per_node: int | None, np: int | None
+) -> HostSource:
+    """Pick the host source from the launcher's flags (at most one of -H, --hostfile, discovery)."""
+    given = [x for x in (host_list, hostfile, discovery) if x]
+    if len(given) > 1:
+        raise ConfigError("give only one of -H, --hostfile and --host-discovery-script")
+    if host_list:
+        hosts = parse_host_list(host_list)
+        if nproc_per_node:
+            hosts = parse_host_list(",".join(f"{h.name}:{nproc_per_node}" for h in hosts.hosts))
+        return StaticHosts(hosts)
+    if hostfile:
+        return WatchedHostfile(Path(hostfile))
+    if discovery:
+        if not Path(discovery).exists():
+            raise ConfigError(f"host discovery script {discovery} does not exist")
+        return DiscoveryScript(discovery)
+    slots = nproc_per_node or np or 1
+    return StaticHosts(parse_host_list(f"127.0.0.1:{slots}"))

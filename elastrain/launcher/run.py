@@ -1,0 +1,207 @@
+"""`elastrain run`: horovodrun/torchrun-style launcher for elastic jobs.
+
+Starts a torch TCPStore (the process groups' bootstrap store, one prefix per generation), the
+coordinator, one agent process per local host, and a watcher on the host source. Returns when the
+job ends: 0 when training finished, 1 when a worker failed, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elastrain.errors import ConfigError
+from elastrain.launcher.hosts import HostSource
+from elastrain.rendezvous.coordinator import Coordinator, CoordinatorConfig
+
+log = logging.getLogger("elastrain.run")
+
+
+@dataclass
+class LaunchConfig:
+    """Everything `elastrain run` was asked to do, validated."""
+
+    command: list[str]
+    hosts: HostSource
+    np: int | None = None
+    min_np: int | None = None
+    max_np: int | None = None
+    ledger_dir: Path | None = None
+    coordinator_host: str = "127.0.0.1"
+    coordinator_port: int = 0
+    join_grace_s: float = 5.0
+    heartbeat_timeout_s: float = 30.0
+    elastic_timeout_s: float = 60.0
+    start_timeout_s: float = 120.0
+    max_restarts: int = 3
+    watch_interval_s: float = 0.2
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def check_command(command: list[str]) -> None:
+    """Refuse an empty command or a script path that does not exist (before starting anything)."""
+    if not command:
+        raise ConfigError("no training command given; e.g. `elastrain run -np 2 python train.py`")
+    program = Path(command[0]).name
+    if program.startswith("python"):
+        script = next((a for a in command[1:] if not a.startswith("-")), None)
+        if "-m" in command[1:2] or "-c" in command[1:2]:
+            return
+        if script is not None and not Path(script).exists():
+            raise ConfigError(f"script {script} does not exist (looked in {Path.cwd()}); check the path")
+    elif "/" in command[0] and not Path(command[0]).exists():
+        raise ConfigError(f"program {command[0]} does not exist; check the path")
+
+
+def resolve_sizes(np: int | None, min_np: int | None, max_np: int | None, slots: int) -> tuple[int, int, int]:
+    """(min, max, initial) from horovodrun semantics: -np alone is a fixed size."""
+    for name, value in (("-np", np), ("--min-np", min_np), ("--max-np", max_np)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}")
+    if min_np is not None and max_np is not None and min_np > max_np:
+        raise ConfigError(f"--min-np {min_np} is larger than --max-np {max_np}; swap them or fix one")
+    initial = np if np is not None else (min(max_np, slots) if max_np is not None else min_np or slots)
+    lo = min_np if min_np is not None else (initial if max_np is None else 1)
+    hi = max_np if max_np is not None else (initial if min_np is None else max(initial, slots))
+    if initial < lo or initial > hi:
+        raise ConfigError(f"-np {initial} must lie between --min-np {lo} and --max-np {hi}")
+    if initial > slots and min_np is None:
+        raise ConfigError(
+            f"-np {initial} is larger than the {slots} slots the hosts offer; add hosts/slots or lower -np"
+        )
+    if lo > slots and min_np is not None:
+        log.warning("--min-np %d is more than the %d slots available now; waiting for hosts", lo, slots)
+    return lo, hi, min(initial, max(slots, lo))
+
+
+def resolve_python(command: list[str]) -> list[str]:
+    """A bare ``python``/``python3`` means the interpreter elastrain runs under (its venv)."""
+    if command and command[0] in ("python", "python3"):
+        return [sys.executable, *command[1:]]
+    return command
+
+
+def is_local_host(host: str) -> bool:
+    """True for loopback addresses and this machine's own names, where agents are started directly."""
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()) or host.startswith("127."):
+        return True
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+class Launcher:
+    """Runs one job: store, coordinator, agents, host watcher."""
+
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+        self.token = secrets.token_hex(16)
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self._stop = threading.Event()
+        self.coordinator: Coordinator | None = None
+
+    def _start_agent(self, host: str) -> None:
+        assert self.coordinator is not None
+        command = shlex.join(self.config.command)
+        if not is_local_host(host):
+            print(
+                f"elastrain: start the agent for {host} there: ELASTRAIN_JOB_TOKEN={self.token} "
+                f"elastrain agent --coordinator {self.coordinator.address} --host {host} -- {command}",
+                file=sys.stderr,
+            )
+            return
+        env = dict(os.environ)
+        env.update(self.config.env)
+        env["ELASTRAIN_JOB_TOKEN"] = self.token
+        if self.config.ledger_dir is not None:
+            env["ELASTRAIN_LEDGER_DIR"] = str(self.config.ledger_dir)
+        argv = [sys.executable, "-m", "elastrain.agent.agent", "--coordinator", self.coordinator.address,
+                "--host", host, "--", *resolve_python(self.config.command)]
+        self.agents[host] = subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def run(self) -> int:
+        """Start everything, wait for the job to end, clean up; returns the exit code."""
+        import torch.distributed as dist
+
+        hosts = self.config.hosts.read()
+        lo, hi, initial = resolve_sizes(self.config.np, self.config.min_np, self.config.max_np, hosts.total_slots)
+        if self.config.ledger_dir is not None:
+            self.config.ledger_dir.mkdir(parents=True, exist_ok=True)
+        store = dist.TCPStore(self.config.coordinator_host, 0, is_master=True, wait_for_workers=False,
+                              use_libuv=True)
+        store_address = f"{self.config.coordinator_host}:{store.port}"
+        coord_config = CoordinatorConfig(
+            min_np=lo, max_np=hi, initial_np=initial,
+            join_grace_s=self.config.join_grace_s,
+            start_timeout_s=self.config.start_timeout_s,
+            elastic_timeout_s=self.config.elastic_timeout_s,
+            heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+            max_restarts=self.config.max_restarts,
+            events_path=(self.config.ledger_dir / "events.jsonl") if self.config.ledger_dir else None,
+        )
+        self.coordinator = Coordinator(coord_config, self.token, store_address, self._start_agent,
+                                       bind_host=self.config.coordinator_host, port=self.config.coordinator_port)
+        log.info("coordinator at %s; %d..%d workers, starting %d", self.coordinator.address, lo, hi, initial)
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, self._on_signal)
+        watcher = threading.Thread(
+            target=self.config.hosts.watch,
+            args=(self.coordinator.set_hosts, self._stop, self.config.watch_interval_s),
+            daemon=True,
+        )
+        try:
+            self.coordinator.set_hosts(hosts)
+            watcher.start()
+            while not self.coordinator.finished.wait(0.2):
+                if self._stop.is_set():
+                    self.coordinator.abort("interrupted")
+                    return 130
+            return self._finish()
+        finally:
+            self._stop.set()
+            self._reap_agents()
+            self.coordinator.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        print(f"elastrain: got signal {signum}, stopping the job", file=sys.stderr)
+        self._stop.set()
+
+    def _finish(self) -> int:
+        assert self.coordinator is not None
+        outcome = self.coordinator.outcome
+        if outcome is None:
+            return 130
+        if outcome.success:
+            print(f"elastrain: {outcome.message}", file=sys.stderr)
+            return 0
+        print(f"elastrain: job failed: {outcome.message}", file=sys.stderr)
+        return 1
+
+    def _reap_agents(self) -> None:
+        assert self.coordinator is not None
+        failed = self.coordinator.outcome is None or not self.coordinator.outcome.success
+        deadline = time.monotonic() + (10.0 if failed else 600.0)
+        if failed:
+            for proc in self.agents.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+        for proc in self.agents.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

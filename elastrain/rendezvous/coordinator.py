@@ -1,0 +1,490 @@
+"""The coordinator: owns generations and members of one job. Run by `elastrain run` (the launcher).
+
+Inputs are events (an agent or worker connected, asked to join, exited; the hostfile changed; time
+passed). After each event `_reconcile` decides, under one lock, what to do next: spawn workers,
+announce a pending generation, form the next generation, end the job. Agents and workers talk to
+it over `wire.RpcServer`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elastrain.hostfile import Hostfile
+from elastrain.rendezvous.api import Cause, Generation, Member, WorkerState
+from elastrain.rendezvous.wire import Message, Peer, RpcServer
+
+log = logging.getLogger("elastrain.coordinator")
+
+_LIVE = (WorkerState.STARTING, WorkerState.WAITING, WorkerState.ACTIVE, WorkerState.STOPPED, WorkerState.LEAVING)
+_MEMBER = (WorkerState.ACTIVE, WorkerState.STOPPED, WorkerState.LEAVING)
+
+
+@dataclass
+class CoordinatorConfig:
+    """Sizes and time bounds of one job."""
+
+    min_np: int
+    max_np: int
+    initial_np: int
+    join_grace_s: float = 5.0  # wait this long for more starting workers before admitting the ready ones
+    start_timeout_s: float = 120.0  # give up if min_np workers are not ready by then
+    elastic_timeout_s: float = 60.0  # give up if below min_np this long
+    heartbeat_timeout_s: float = 30.0
+    max_restarts: int = 3  # respawns allowed to get back to min_np after failures
+    events_path: Path | None = None
+
+
+@dataclass
+class WorkerRecord:
+    """What the coordinator knows about one worker."""
+
+    worker_id: str
+    host: str
+    local_rank: int
+    state: WorkerState = WorkerState.STARTING
+    pid: int = 0
+    peer: Peer | None = None
+    join_request: Message | None = None
+    committed_step: int = -1
+    last_seen: float = field(default_factory=time.monotonic)
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Outcome:
+    """How the job ended."""
+
+    success: bool
+    message: str = ""
+    worker_id: str = ""
+
+
+class Coordinator:
+    """Generation state machine plus the RPC server that feeds it events."""
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        token: str,
+        store_address: str,
+        start_agent: Callable[[str], None],
+        bind_host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.config = config
+        self.store_address = store_address
+        self._start_agent = start_agent
+        self._lock = threading.RLock()
+        self.hosts: dict[str, int] = {}
+        self._quota: dict[str, int] = {}  # slots per host we may still fill (failed slots are not refilled)
+        self.agents: dict[str, Peer] = {}
+        self._agents_started: set[str] = set()
+        self.workers: dict[str, WorkerRecord] = {}
+        self.generation: Generation | None = None
+        self.pending: Cause | None = None
+        self.pending_since = 0.0
+        self.outcome: Outcome | None = None
+        self.finished = threading.Event()
+        self.restarts = 0
+        self._below_min_since: float | None = None
+        self._started_at = time.monotonic()
+        self._incarnations: dict[tuple[str, int], int] = {}
+        self.history: list[dict[str, Any]] = []
+        self.server = RpcServer(bind_host, port, token, self._on_message, self._on_close)
+        self.address = self.server.address
+        self._stop = threading.Event()
+        threading.Thread(target=self._tick_loop, name="elastrain-coord-tick", daemon=True).start()
+
+    # ----- inputs -------------------------------------------------------------------------------
+    def set_hosts(self, hostfile: Hostfile) -> None:
+        """The host list changed (hostfile rewritten, discovery output changed)."""
+        with self._lock:
+            new = hostfile.slots_by_host()
+            if new == self.hosts:
+                return
+            log.info("hosts changed: %s -> %s", self.hosts, new)
+            for host, slots in new.items():
+                if self.hosts.get(host) != slots:
+                    self._quota[host] = slots
+            for host in list(self.hosts):
+                if host not in new:
+                    self._quota.pop(host, None)
+            self.hosts = dict(new)
+            for worker in self.workers.values():
+                if worker.state in _LIVE and worker.local_rank >= self.hosts.get(worker.host, 0):
+                    self._retire(worker)
+            self._reconcile()
+
+    def _retire(self, worker: WorkerRecord) -> None:
+        """Take a worker out because its host or slot left the host list."""
+        if worker.state in _MEMBER:
+            if worker.state == WorkerState.ACTIVE or worker.state == WorkerState.STOPPED:
+                worker.state = WorkerState.LEAVING
+                self._request_generation(Cause.SCALE_IN)
+        elif worker.state in (WorkerState.STARTING, WorkerState.WAITING):
+            if worker.join_request is not None and worker.peer is not None:
+                worker.peer.reply(worker.join_request, outcome="leave", reason="host removed")
+                worker.join_request = None
+            worker.state = WorkerState.LEFT
+            agent = self.agents.get(worker.host)
+            if agent is not None:
+                agent.push("stop", worker_ids=[worker.worker_id])
+
+    def _on_message(self, peer: Peer, msg: Message) -> None:
+        kind = msg.get("type")
+        with self._lock:
+            handler = getattr(self, f"_handle_{kind}", None)
+            if handler is None:
+                peer.reply(msg, ok=False, error=f"unknown message {kind!r}")
+                return
+            handler(peer, msg)
+            self._reconcile()
+
+    def _on_close(self, peer: Peer) -> None:
+        with self._lock:
+            role = peer.info.get("role")
+            if role == "agent":
+                host = peer.info.get("host", "")
+                if self.agents.get(host) is peer:
+                    del self.agents[host]
+                for worker in self.workers.values():
+                    if worker.host == host and worker.state == WorkerState.STARTING:
+                        worker.state = WorkerState.DEAD
+            elif role == "worker":
+                worker = self.workers.get(peer.info.get("worker_id", ""))
+                if worker is not None and worker.peer is peer and worker.state in _LIVE:
+                    log.warning("lost worker %s (connection closed)", worker.worker_id)
+                    self._mark_dead(worker, Cause.WORKER_FAILURE)
+            self._reconcile()
+
+    def _handle_hello(self, peer: Peer, msg: Message) -> None:
+        role = msg.get("role")
+        if role == "agent":
+            host = str(msg.get("host"))
+            self.agents[host] = peer
+            peer.reply(msg, ok=True)
+        elif role == "worker":
+            wid = str(msg.get("worker_id"))
+            worker = self.workers.get(wid)
+            if worker is None:
+                worker = WorkerRecord(wid, str(msg.get("host")), int(msg.get("local_rank", 0)))
+                self.workers[wid] = worker
+            if worker.state not in (WorkerState.STARTING,):
+                peer.reply(msg, ok=False, error=f"worker {wid} is {worker.state.value}")
+                return
+            worker.peer = peer
+            worker.pid = int(msg.get("pid", 0))
+            worker.last_seen = time.monotonic()
+            peer.reply(msg, ok=True)
+        else:
+            peer.reply(msg, ok=False, error=f"unknown role {role!r}")
+
+    def _handle_heartbeat(self, peer: Peer, msg: Message) -> None:
+        worker = self.workers.get(peer.info.get("worker_id", ""))
+        if worker is not None:
+            worker.last_seen = time.monotonic()
+
+    def _handle_worker_started(self, peer: Peer, msg: Message) -> None:
+        worker = self.workers.get(str(msg.get("worker_id")))
+        if worker is not None and not worker.pid:
+            worker.pid = int(msg.get("pid", 0))
+
+    def _handle_worker_exited(self, peer: Peer, msg: Message) -> None:
+        worker = self.workers.get(str(msg.get("worker_id")))
+        code = int(msg.get("returncode", 0))
+        if worker is None or worker.state not in _LIVE:
+            return
+        if code == 0:
+            was_member = worker.state in _MEMBER
+            worker.state = WorkerState.LEFT
+            if was_member:
+                self._request_generation(Cause.SCALE_IN)
+        elif code > 0 and self.outcome is None:
+            # its output (the traceback) was already forwarded line by line: do not repeat it
+            self._fail(worker.worker_id, f"worker {worker.worker_id} exited with code {code} (see its output above)")
+        else:
+            self._mark_dead(worker, Cause.WORKER_FAILURE)
+
+    def _handle_join(self, peer: Peer, msg: Message) -> None:
+        worker = self.workers.get(peer.info.get("worker_id", ""))
+        if worker is None:
+            peer.reply(msg, outcome="job_over", reason="unknown worker")
+            return
+        worker.last_seen = time.monotonic()
+        worker.committed_step = int(msg.get("committed_step", -1))
+        if self.outcome is not None:
+            peer.reply(msg, outcome="job_over", reason=self.outcome.message)
+            return
+        worker.join_request = msg
+        if worker.state == WorkerState.STARTING:
+            worker.state = WorkerState.WAITING
+            worker.since = time.monotonic()
+        elif worker.state == WorkerState.ACTIVE:
+            worker.state = WorkerState.STOPPED
+            if self.pending is None:
+                # A member that stops without an announcement saw a collective fail: a peer is gone.
+                self._request_generation(Cause.WORKER_FAILURE)
+
+    def _handle_leave(self, peer: Peer, msg: Message) -> None:
+        worker = self.workers.get(peer.info.get("worker_id", ""))
+        if worker is None:
+            return
+        if worker.state in (WorkerState.ACTIVE, WorkerState.STOPPED):
+            worker.state = WorkerState.LEAVING
+            self._request_generation(Cause.SCALE_IN)
+        elif worker.state in (WorkerState.STARTING, WorkerState.WAITING):
+            self._retire(worker)
+
+    def _handle_done(self, peer: Peer, msg: Message) -> None:
+        worker = self.workers.get(peer.info.get("worker_id", ""))
+        if worker is not None and worker.state in _LIVE:
+            worker.state = WorkerState.DONE
+            if self.outcome is None and self.generation is not None:
+                members = [self.workers[m.worker_id] for m in self.generation.members]
+                if all(w.state in (WorkerState.DONE, WorkerState.DEAD, WorkerState.LEFT) for w in members):
+                    self._finish(Outcome(True, "training finished"))
+        peer.reply(msg, ok=True)
+
+    def _handle_user_error(self, peer: Peer, msg: Message) -> None:
+        wid = peer.info.get("worker_id", "")
+        worker = self.workers.get(wid)
+        if worker is not None:
+            worker.state = WorkerState.DEAD
+        self._fail(wid, f"worker {wid} raised an exception", str(msg.get("traceback", "")))
+        peer.reply(msg, ok=True)
+
+    # ----- decisions ----------------------------------------------------------------------------
+    def _mark_dead(self, worker: WorkerRecord, cause: Cause) -> None:
+        was_member = worker.state in _MEMBER
+        worker.state = WorkerState.DEAD
+        worker.join_request = None
+        self._quota[worker.host] = max(0, self._quota.get(worker.host, 0) - 1)
+        if was_member:
+            self._request_generation(cause)
+
+    def _request_generation(self, cause: Cause) -> None:
+        if self.generation is None or self.outcome is not None:
+            return
+        if self.pending is None:
+            self.pending = cause
+            self.pending_since = time.time()
+            log.info("generation %d pending: %s", self.generation.number + 1, cause.value)
+            for member in self.generation.members:
+                worker = self.workers[member.worker_id]
+                if worker.peer is not None and worker.state in _MEMBER:
+                    worker.peer.push("pending", generation=self.generation.number + 1, cause=cause.value)
+        elif self.pending == Cause.SCALE_OUT and cause != Cause.SCALE_OUT:
+            self.pending = cause  # report the more important reason
+
+    def _reconcile(self) -> None:
+        if self.outcome is not None:
+            return
+        self._start_missing_agents()
+        self._spawn_into_free_slots()
+        if self.generation is None:
+            self._maybe_form_first()
+        else:
+            self._maybe_announce_scale_out()
+            if self.pending is not None:
+                self._maybe_form_next()
+
+    def _start_missing_agents(self) -> None:
+        for host in self.hosts:
+            if host not in self._agents_started:
+                self._agents_started.add(host)
+                self._start_agent(host)
+        for host in [h for h in self.agents if h not in self.hosts]:
+            if not any(w.host == host and w.state in _LIVE for w in self.workers.values()):
+                self.agents.pop(host).push("exit", success=True)  # its host left and its workers are gone
+                self._agents_started.discard(host)
+
+    def _live(self) -> list[WorkerRecord]:
+        return [w for w in self.workers.values() if w.state in _LIVE and w.state != WorkerState.LEAVING]
+
+    def _spawn_into_free_slots(self) -> None:
+        if any(w.state == WorkerState.DONE for w in self.workers.values()):
+            return  # the job is finishing
+        live = self._live()
+        target = self.config.max_np if self.generation is not None else self.config.initial_np
+        budget = target - len(live)
+        if budget <= 0:
+            self._below_min_since = None
+            return
+        if len(live) < self.config.min_np and self.generation is not None:
+            self._refill_quota(self.config.min_np - len(live))
+        for host, agent in self.agents.items():
+            used = {w.local_rank for w in self.workers.values()
+                    if w.host == host and (w.state in _LIVE or w.state == WorkerState.DONE)}
+            free = [i for i in range(self.hosts.get(host, 0)) if i not in used]
+            allowed = self._quota.get(host, 0) - len(used)
+            new_ids = []
+            for local_rank in free[: max(0, min(allowed, budget))]:
+                incarnation = self._incarnations.get((host, local_rank), 0)
+                self._incarnations[(host, local_rank)] = incarnation + 1
+                wid = f"{host}#{local_rank}" + (f".{incarnation}" if incarnation else "")
+                self.workers[wid] = WorkerRecord(wid, host, local_rank)
+                new_ids.append({"worker_id": wid, "local_rank": local_rank})
+                budget -= 1
+            if new_ids:
+                agent.push("spawn", workers=new_ids)
+
+    def _refill_quota(self, missing: int) -> None:
+        """Below min_np after failures: allow respawning into failed slots (bounded by max_restarts)."""
+        for host, slots in self.hosts.items():
+            while missing > 0 and self._quota.get(host, 0) < slots and self.restarts < self.config.max_restarts:
+                self._quota[host] = self._quota.get(host, 0) + 1
+                self.restarts += 1
+                missing -= 1
+
+    def _waiting(self) -> list[WorkerRecord]:
+        ready = [w for w in self.workers.values() if w.state == WorkerState.WAITING and w.join_request]
+        return sorted(ready, key=lambda w: w.since)
+
+    def _starting(self) -> list[WorkerRecord]:
+        return [w for w in self.workers.values() if w.state == WorkerState.STARTING]
+
+    def _maybe_form_first(self) -> None:
+        waiting = self._waiting()
+        enough = len(waiting) >= min(self.config.initial_np, self.config.max_np)
+        settled = len(waiting) >= self.config.min_np and (
+            not self._starting() or time.monotonic() - self._started_at > self.config.join_grace_s
+        )
+        if enough or settled:
+            self._form(Cause.START, [], waiting[: self.config.max_np])
+        elif time.monotonic() - self._started_at > self.config.start_timeout_s:
+            self._fail(
+                "",
+                f"only {len(waiting)} of the {self.config.min_np} workers needed were ready after "
+                f"{self.config.start_timeout_s:.0f}s; check the hosts and the script's start-up",
+            )
+
+    def _maybe_announce_scale_out(self) -> None:
+        assert self.generation is not None
+        if self.pending is not None:
+            return
+        waiting = self._waiting()
+        if not waiting or self.generation.world_size >= self.config.max_np:
+            return
+        oldest_wait = time.monotonic() - waiting[0].since
+        if not self._starting() or oldest_wait > self.config.join_grace_s:
+            self._request_generation(Cause.SCALE_OUT)
+
+    def _maybe_form_next(self) -> None:
+        assert self.generation is not None and self.pending is not None
+        members = [self.workers[m.worker_id] for m in self.generation.members]
+        if any(w.state == WorkerState.ACTIVE for w in members):
+            return  # someone has not stopped yet
+        if any(w.state == WorkerState.LEAVING and w.join_request is None for w in members):
+            return  # a leaving member has not reached its commit yet
+        stay = [w for w in members if w.state == WorkerState.STOPPED]
+        if not stay:
+            self._fail("", "every worker of the job is gone; nothing holds the training state")
+            return
+        joiners = self._waiting()[: max(0, self.config.max_np - len(stay))]
+        if len(stay) + len(joiners) < self.config.min_np:
+            now = time.monotonic()
+            self._below_min_since = self._below_min_since or now
+            if now - self._below_min_since > self.config.elastic_timeout_s:
+                self._fail("", f"fewer than --min-np {self.config.min_np} workers for "
+                               f"{self.config.elastic_timeout_s:.0f}s; add hosts or lower --min-np")
+            return
+        self._below_min_since = None
+        for w in members:
+            if w.state == WorkerState.LEAVING and w.peer is not None and w.join_request is not None:
+                w.peer.reply(w.join_request, outcome="leave", reason="scale-in")
+                w.join_request = None
+                w.state = WorkerState.LEFT
+        self._form(self.pending, stay, joiners)
+
+    def _form(self, cause: Cause, stay: list[WorkerRecord], joiners: list[WorkerRecord]) -> None:
+        number = 0 if self.generation is None else self.generation.number + 1
+        chosen = stay + joiners
+        steps = [w.committed_step for w in chosen]
+        best = max(steps)
+        src = steps.index(best)
+        sync = bool(joiners) or any(s != best for s in steps) or number == 0
+        generation = Generation(
+            number=number,
+            members=tuple(Member(w.worker_id, w.host, w.pid, w.committed_step) for w in chosen),
+            cause=cause,
+            store_address=self.store_address,
+            src_rank=src,
+            sync_state=sync,
+        )
+        requested = self.pending_since if self.pending is not None else time.time()
+        self.generation = generation
+        self.pending = None
+        wire = generation.to_wire()
+        for w in chosen:
+            w.state = WorkerState.ACTIVE
+            if w.peer is not None and w.join_request is not None:
+                w.peer.reply(w.join_request, outcome="admitted", generation=wire)
+            w.join_request = None
+        record = {
+            "event": "generation",
+            "generation": number,
+            "cause": cause.value,
+            "world_size": len(chosen),
+            "members": [{"worker_id": w.worker_id, "host": w.host, "pid": w.pid} for w in chosen],
+            "start_step": best,
+            "requested_at": requested,
+            "formed_at": time.time(),
+        }
+        self._record(record)
+        log.info("generation %d formed: %d workers (%s)", number, len(chosen), cause.value)
+
+    def _record(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        if self.config.events_path is not None:
+            with open(self.config.events_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _fail(self, worker_id: str, message: str, detail: str = "") -> None:
+        if self.outcome is None:
+            self._finish(Outcome(False, message + (f"\n{detail.rstrip()}" if detail else ""), worker_id))
+
+    def _finish(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self._record({"event": "end", "success": outcome.success, "message": outcome.message, "at": time.time()})
+        for worker in self.workers.values():
+            if worker.join_request is not None and worker.peer is not None:
+                worker.peer.reply(worker.join_request, outcome="job_over", reason=outcome.message)
+                worker.join_request = None
+        for agent in self.agents.values():
+            agent.push("exit", success=outcome.success)
+        self.finished.set()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(0.1):
+            with self._lock:
+                now = time.monotonic()
+                for worker in self.workers.values():
+                    if (
+                        worker.state in _MEMBER
+                        and worker.peer is not None
+                        and now - worker.last_seen > self.config.heartbeat_timeout_s
+                    ):
+                        log.warning("worker %s missed heartbeats for %.0fs", worker.worker_id,
+                                    now - worker.last_seen)
+                        self._mark_dead(worker, Cause.HEARTBEAT_LOSS)
+                        if worker.peer is not None:
+                            worker.peer.push("fenced", reason="missed heartbeats")
+                self._reconcile()
+
+    def abort(self, message: str) -> None:
+        """End the job as failed (the launcher was interrupted)."""
+        with self._lock:
+            self._fail("", message)
+
+    def close(self) -> None:
+        """Stop the server and the timer."""
+        self._stop.set()
+        self.server.close()

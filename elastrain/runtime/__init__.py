@@ -1,0 +1,1 @@
+"""What runs inside the user's training process: init, State, ElasticSampler, the elastic loop."""

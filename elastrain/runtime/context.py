@@ -1,0 +1,44 @@
+"""The worker's launch context: the only reader of the ``ELASTRAIN_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """How this worker was launched. `coordinator` is empty when run as a plain script (world of 1)."""
+
+    coordinator: str = ""
+    token: str = ""
+    worker_id: str = "standalone"
+    host: str = "127.0.0.1"
+    local_rank: int = 0
+    ledger_dir: Path | None = None
+    backend: str = ""
+    collective_timeout_s: float = 60.0
+    heartbeat_s: float = 1.0
+
+    @property
+    def managed(self) -> bool:
+        """True when launched by `elastrain run` (a coordinator exists)."""
+        return bool(self.coordinator)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> LaunchContext:
+        """Read the context from the environment the agent set."""
+        env = dict(os.environ if environ is None else environ)
+        ledger = env.get("ELASTRAIN_LEDGER_DIR", "")
+        return cls(
+            coordinator=env.get("ELASTRAIN_COORDINATOR", ""),
+            token=env.get("ELASTRAIN_JOB_TOKEN", ""),
+            worker_id=env.get("ELASTRAIN_WORKER_ID", "standalone"),
+            host=env.get("ELASTRAIN_HOST", "127.0.0.1"),
+            local_rank=int(env.get("ELASTRAIN_LOCAL_RANK", env.get("LOCAL_RANK", "0"))),
+            ledger_dir=Path(ledger) if ledger else None,
+            backend=env.get("ELASTRAIN_BACKEND", ""),
+            collective_timeout_s=float(env.get("ELASTRAIN_COLLECTIVE_TIMEOUT", "60")),
+            heartbeat_s=float(env.get("ELASTRAIN_HEARTBEAT_INTERVAL", "1")),
+        )

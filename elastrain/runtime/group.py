@@ -1,0 +1,92 @@
+"""Build and tear down the torch.distributed process group of one generation, in the same process."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import torch
+import torch.distributed as dist
+
+from elastrain.rendezvous.api import Generation
+from elastrain.rendezvous.wire import parse_address
+
+log = logging.getLogger("elastrain.group")
+
+_FAILURE_MARKERS = (
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "gloo",
+    "nccl",
+    "socket",
+    "peer",
+    "process group",
+)
+
+
+def choose_backend(requested: str) -> str:
+    """gloo on CPU; NCCL when CUDA is available and not overridden."""
+    if requested:
+        return requested
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+class GroupManager:
+    """Owns the default process group; one store connection reused across generations."""
+
+    def __init__(self, backend: str, timeout_s: float, local_rank: int) -> None:
+        self.backend = choose_backend(backend)
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.local_rank = local_rank
+        self._store: dist.TCPStore | None = None
+        self.generation: int | None = None
+        if self.backend == "nccl":
+            torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
+
+    @property
+    def device(self) -> torch.device:
+        """Where collectives run: the local GPU for NCCL, the CPU for gloo."""
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def build(self, generation: Generation, rank: int) -> None:
+        """Create the default group for `generation` (a fresh store prefix per generation)."""
+        self.destroy()
+        if self._store is None:
+            host, port = parse_address(generation.store_address)
+            self._store = dist.TCPStore(host, port, is_master=False, timeout=self.timeout, use_libuv=True)
+        store = dist.PrefixStore(f"elastrain/g{generation.number}", self._store)
+        dist.init_process_group(
+            self.backend, store=store, rank=rank, world_size=generation.world_size, timeout=self.timeout
+        )
+        self.generation = generation.number
+
+    def destroy(self) -> None:
+        """Tear down the current group; safe after a peer died (aborts NCCL communicators first)."""
+        if not dist.is_initialized():
+            return
+        try:
+            if self.backend == "nccl":
+                abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+                if abort is not None:
+                    abort()
+                    return
+            dist.destroy_process_group()
+        except Exception as exc:  # a broken group may fail to shut down cleanly; it is gone either way
+            log.debug("destroying the process group: %s", exc)
+        self.generation = None
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """True when `exc` looks like a failed collective (a peer died), not a bug in the user's code."""
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    if isinstance(exc, RuntimeError):
+        text = str(exc).lower()
+        return any(marker in text for marker in _FAILURE_MARKERS)
+    return False

@@ -1,0 +1,57 @@
+"""The exactly-once ledger: each worker appends what it processed and what it committed.
+
+One JSON line per record in ``<ledger_dir>/<worker_id>.jsonl``. Records:
+``{"k": "p"}`` processed (written before the gradient all-reduce, so a worker killed after sending its
+gradients has left its indices behind), ``{"k": "c"}`` committed, ``{"k": "g"}`` generation joined.
+`elastrain.report` turns the files of a job into per-epoch counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+class Ledger:
+    """Append-only record of one worker's steps; a no-op when no directory is configured."""
+
+    def __init__(self, directory: Path | None, worker_id: str) -> None:
+        self._file = None
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            safe = worker_id.replace("/", "_")
+            self._file = open(directory / f"{safe}.jsonl", "a", buffering=1)  # noqa: SIM115
+        self.worker_id = worker_id
+
+    @property
+    def enabled(self) -> bool:
+        """True when records are written."""
+        return self._file is not None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            record["t"] = time.time()
+            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def generation(self, generation: int, rank: int, world_size: int, start_step: int, cause: str) -> None:
+        """This worker entered `generation` as `rank`."""
+        self._write({"k": "g", "g": generation, "r": rank, "ws": world_size, "s": start_step,
+                     "cause": cause, "pid": os.getpid(), "w": self.worker_id})
+
+    def processed(self, generation: int, epoch: int, step: int, indices: Sequence[int]) -> None:
+        """This worker is about to contribute `indices` to step `step`."""
+        self._write({"k": "p", "g": generation, "e": epoch, "s": step, "i": list(indices)})
+
+    def committed(self, generation: int, epoch: int, step: int, world_size: int) -> None:
+        """Step `step` completed on this worker."""
+        self._write({"k": "c", "g": generation, "e": epoch, "s": step, "ws": world_size})
+
+    def close(self) -> None:
+        """Flush and close."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None

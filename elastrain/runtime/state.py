@@ -1,0 +1,227 @@
+"""State: what survives a resize (model, optimizer, sampler, user counters) and the per-step commit."""
+
+from __future__ import annotations
+
+import copy
+import io
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from elastrain.errors import ConfigError, HostsUpdatedInterrupt
+from elastrain.runtime.data import BatchPolicy, ElasticSampler
+
+if TYPE_CHECKING:
+    from elastrain.runtime.loop import Runtime
+
+ResizeHook = Callable[[int, int], None]
+
+
+class State:
+    """Training state that elastrain keeps consistent across generations.
+
+    ``State(model=..., optimizer=..., sampler=..., epoch=0)``: keyword counters become attributes
+    (``state.epoch``) and are part of the state. ``state.step`` counts committed steps.
+    """
+
+    _RESERVED = frozenset({"model", "optimizer", "sampler"})
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        sampler: ElasticSampler | None = None,
+        **counters: Any,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.sampler = sampler
+        self.step = 0
+        self._counter_names = list(counters)
+        for name, value in counters.items():
+            setattr(self, name, value)
+        self._committed_counters = self._counters()
+        self._resize_hooks: list[ResizeHook] = []
+        self._last_world = 0
+        self._runtime: Runtime | None = None
+        self._agreed_pending: bool | None = None
+        if sampler is not None:
+            sampler.bind(self._rank_and_world)
+
+    # ----- plumbing ----------------------------------------------------------------------------
+    def _rank_and_world(self) -> tuple[int, int]:
+        rt = self._runtime
+        return (rt.rank, rt.world_size) if rt is not None else (0, 1)
+
+    def _counters(self) -> dict[str, Any]:
+        return {name: copy.deepcopy(getattr(self, name)) for name in self._counter_names}
+
+    def on_resize(self, hook: ResizeHook) -> None:
+        """Call ``hook(old_world, new_world)`` after every change of world size (e.g. scale the LR)."""
+        self._resize_hooks.append(hook)
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the current generation."""
+        return self._rank_and_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        """Workers in the current generation."""
+        return self._rank_and_world()[1]
+
+    # ----- the step ----------------------------------------------------------------------------
+    def allreduce_gradients(self, loss_reduction: str = "mean") -> int:
+        """Average gradients over every sample of the global step (not over ranks); returns that count.
+
+        Call after ``loss.backward()`` and before ``optimizer.step()``. With ``loss_reduction="mean"``
+        the local loss is a mean over this rank's samples; with ``"sum"`` a sum. Either way the result
+        equals the gradient of the mean loss over the global batch, whatever the world size. The
+        membership flag rides in the same all-reduce, so checking for a resize costs nothing extra.
+        """
+        if self.model is None:
+            raise ConfigError("State.allreduce_gradients needs State(model=...)")
+        if loss_reduction not in ("mean", "sum"):
+            raise ConfigError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        rt = self._require_runtime()
+        current = self.sampler.current() if self.sampler is not None else None
+        local_n = len(current.indices) if current is not None else 1
+        if current is not None and rt.generation is not None:
+            rt.ledger.processed(rt.generation.number, current.epoch, self.step, current.indices)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        scale = float(local_n) if loss_reduction == "mean" else 1.0
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in params:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        total = float(local_n)
+        first = True
+        for dtype, group in by_dtype.items():
+            pieces = [
+                (p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype,
+                                                                                       device=p.device))
+                for p in group
+            ]
+            flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0].clone()
+            if scale != 1.0 and local_n > 0:
+                flat.mul_(scale)
+            elif local_n == 0:
+                flat.zero_()
+            if first:
+                extra = torch.tensor([float(local_n), 1.0 if rt.pending() else 0.0], dtype=dtype, device=flat.device)
+                flat = torch.cat([flat, extra])
+            if rt.world_size > 1 or rt.rendezvous is not None:
+                dist.all_reduce(flat)
+            if first:
+                total = float(flat[-2].item())
+                self._agreed_pending = bool(flat[-1].item() > 0)
+                flat = flat[:-2]
+                first = False
+            flat.div_(max(total, 1.0))
+            offset = 0
+            for p in group:
+                n = p.numel()
+                view = flat[offset : offset + n].view_as(p)
+                if p.grad is None:
+                    p.grad = view.clone()
+                else:
+                    p.grad.copy_(view)
+                offset += n
+        return int(round(total))
+
+    def commit(self) -> None:
+        """Mark the current step done. Every rank stops here together when a resize is pending."""
+        rt = self._require_runtime()
+        step = self.sampler.commit_step() if self.sampler is not None else None
+        if rt.generation is not None:
+            epoch = step.epoch if step is not None else getattr(self, "epoch", 0)
+            rt.ledger.committed(rt.generation.number, epoch, self.step, rt.world_size)
+        self.step += 1
+        self._committed_counters = self._counters()
+        pending = self._agreed_pending
+        self._agreed_pending = None
+        if pending is None:
+            pending = rt.agree_pending(rt.pending()) if rt.rendezvous is not None else False
+        if pending:
+            raise HostsUpdatedInterrupt(f"generation change at step {self.step}")
+
+    def rollback(self) -> None:
+        """After an interrupted step: forget uncommitted progress (counters, in-flight batches)."""
+        for name, value in self._committed_counters.items():
+            setattr(self, name, copy.deepcopy(value))
+        if self.sampler is not None:
+            self.sampler.reset()
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        self._agreed_pending = None
+
+    # ----- (de)serialisation and sync --------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that makes up the state, as plain objects and tensors."""
+        return {
+            "step": self.step,
+            "counters": self._counters(),
+            "model": self.model.state_dict() if self.model is not None else None,
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "sampler": self.sampler.state_dict() if self.sampler is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from `state_dict`."""
+        self.step = int(state["step"])
+        for name, value in state["counters"].items():
+            if name not in self._counter_names:
+                self._counter_names.append(name)
+            setattr(self, name, value)
+        if self.model is not None and state["model"] is not None:
+            self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.sampler is not None and state["sampler"] is not None:
+            self.sampler.load_state_dict(state["sampler"])
+        self._committed_counters = self._counters()
+
+    def sync(self, rt: Runtime) -> None:
+        """Bring every rank of a new generation to the state of the most advanced member."""
+        self._runtime = rt
+        generation = rt.generation
+        if generation is None or rt.synced_generation == generation.number:
+            return
+        if generation.sync_state and generation.world_size > 1:
+            device = rt.groups.device
+            if rt.rank == generation.src_rank:
+                buffer = io.BytesIO()
+                torch.save(self.state_dict(), buffer)
+                payload = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8).to(device)
+                size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+            else:
+                size = torch.zeros(1, dtype=torch.int64, device=device)
+            dist.broadcast(size, src=generation.src_rank)
+            if rt.rank != generation.src_rank:
+                payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+            dist.broadcast(payload, src=generation.src_rank)
+            if rt.rank != generation.src_rank:
+                data = io.BytesIO(payload.cpu().numpy().tobytes())
+                self.load_state_dict(torch.load(data, weights_only=False))
+        rt.synced_generation = generation.number
+        if self.sampler is not None:
+            self.sampler.reset()
+        old, new = self._last_world, rt.world_size
+        self._last_world = new
+        if old and old != new:
+            for hook in self._resize_hooks:
+                hook(old, new)
+
+    def _require_runtime(self) -> Runtime:
+        if self._runtime is None:
+            from elastrain.runtime.loop import get_runtime
+
+            rt = get_runtime()
+            if rt.rendezvous is not None:
+                raise ConfigError("call state.commit() inside a function wrapped with @elastrain.run")
+            self._runtime = rt
+        return self._runtime
+
+
+__all__ = ["BatchPolicy", "State"]
