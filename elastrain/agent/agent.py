@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from elastrain.errors import CoordinatorLost
+from elastrain.procutil import Spawner, die_with_parent
 from elastrain.rendezvous.wire import Message, RpcClient
 
 log = logging.getLogger("elastrain.agent")
@@ -35,6 +36,8 @@ class AgentConfig:
     env: dict[str, str] = field(default_factory=dict)
     prefix_output: bool = True
     kill_grace_s: float = 10.0
+    restart_mode: bool = False
+    max_restarts: int = 3
 
 
 class Agent:
@@ -44,6 +47,8 @@ class Agent:
         self.config = config
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.tails: dict[str, deque[str]] = {}
+        self.slots: dict[str, threading.Thread] = {}
+        self._spawner = Spawner()
         self._lock = threading.Lock()
         self._exit_requested = threading.Event()
         self._job_success = True
@@ -68,6 +73,26 @@ class Agent:
             self._exit_requested.set()
 
     def _spawn(self, worker_id: str, local_rank: int) -> None:
+        if self.config.restart_mode:
+            self._spawn_restart_slot(worker_id, local_rank)
+            return
+        proc = self._start_process(worker_id, local_rank, {})
+        self.client.notify("worker_started", worker_id=worker_id, pid=proc.pid)
+        threading.Thread(target=self._watch, args=(worker_id, proc), daemon=True).start()
+
+    def _spawn_restart_slot(self, worker_id: str, local_rank: int) -> None:
+        from elastrain.agent.restart import RestartSlot
+        from elastrain.rendezvous.client import CoordinatorRendezvous
+
+        rdzv = CoordinatorRendezvous(self.config.coordinator, self.config.token, worker_id, self.config.host,
+                                     local_rank)
+        slot = RestartSlot(rdzv, self.config.host, local_rank,
+                           lambda env: self._start_process(worker_id, local_rank, env), self.config.max_restarts)
+        with self._lock:
+            self.slots[worker_id] = slot
+        slot.start()
+
+    def _start_process(self, worker_id: str, local_rank: int, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N workers must not each take every core
         env.update(self.config.env)
@@ -82,20 +107,33 @@ class Agent:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        proc = subprocess.Popen(
-            self.config.command,
-            env=env,
-            stdout=subprocess.PIPE if self.config.prefix_output else None,
-            stderr=subprocess.STDOUT if self.config.prefix_output else None,
-            start_new_session=True,
+        if self.config.restart_mode:
+            env.pop("ELASTRAIN_COORDINATOR")  # the script is not an elastrain worker; its slot is
+        env.update(extra_env)
+        proc: subprocess.Popen[bytes] = self._spawner.call(  # type: ignore[assignment]
+            lambda: subprocess.Popen(
+                self.config.command,
+                env=env,
+                stdout=subprocess.PIPE if self.config.prefix_output else None,
+                stderr=subprocess.STDOUT if self.config.prefix_output else None,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
         )
         with self._lock:
             self.procs[worker_id] = proc
             self.tails[worker_id] = deque(maxlen=40)
-        self.client.notify("worker_started", worker_id=worker_id, pid=proc.pid)
         if proc.stdout is not None:
             threading.Thread(target=self._pump, args=(worker_id, proc.stdout), daemon=True).start()
-        threading.Thread(target=self._watch, args=(worker_id, proc), daemon=True).start()
+        if self.config.restart_mode:
+            threading.Thread(target=self._forget_when_done, args=(worker_id, proc), daemon=True).start()
+        return proc
+
+    def _forget_when_done(self, worker_id: str, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
+        with self._lock:
+            if self.procs.get(worker_id) is proc:
+                self.procs.pop(worker_id, None)
 
     def _pump(self, worker_id: str, stream: IO[bytes]) -> None:
         tail = self.tails[worker_id]
@@ -153,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coordinator", required=True, help="HOST:PORT printed by `elastrain run`")
     parser.add_argument("--host", required=True, help="this host's name as the hostfile lists it")
     parser.add_argument("--token", default=os.environ.get("ELASTRAIN_JOB_TOKEN", ""), help="job token")
+    parser.add_argument("--restart-mode", action="store_true",
+                        help="the script is torchrun-style: restart it on every membership change")
+    parser.add_argument("--max-restarts", type=int, default=3, help="restart-mode failures tolerated per slot")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -160,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the training command after --")
     logging.basicConfig(level=logging.WARNING, format="elastrain-agent: %(message)s")
     try:
-        agent = Agent(AgentConfig(args.coordinator, args.token, args.host, command))
+        agent = Agent(AgentConfig(args.coordinator, args.token, args.host, command,
+                                  restart_mode=args.restart_mode, max_restarts=args.max_restarts))
     except CoordinatorLost as exc:
         print(f"elastrain agent: {exc}", file=sys.stderr)
         return 2

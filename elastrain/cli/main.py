@@ -35,13 +35,16 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--elastic-timeout", type=float, default=60.0, help="seconds allowed below --min-np")
     p.add_argument("--start-timeout", type=float, default=120.0, help="seconds for the first workers to start")
     p.add_argument("--max-restarts", type=int, default=3, help="respawns allowed to get back to --min-np")
+    p.add_argument("--mode", choices=["auto", "native", "restart"], default="auto",
+                   help="native: the script uses elastrain (live resize); restart: a torchrun-style script "
+                        "restarted on each change; auto: native if the script imports elastrain")
     p.add_argument("-v", "--verbose", action="store_true", help="log the coordinator's decisions")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from elastrain.launcher.hosts import make_host_source
-    from elastrain.launcher.run import LaunchConfig, Launcher, check_command
+    from elastrain.launcher.run import LaunchConfig, Launcher, check_command, uses_elastrain
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     check_command(command)
@@ -54,6 +57,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         join_grace_s=args.join_grace, heartbeat_timeout_s=args.heartbeat_timeout,
         elastic_timeout_s=args.elastic_timeout, start_timeout_s=args.start_timeout,
         max_restarts=args.max_restarts,
+        restart_mode=args.mode == "restart" or (args.mode == "auto" and not uses_elastrain(command)),
     )
     return Launcher(config).run()
 

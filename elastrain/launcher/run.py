@@ -22,6 +22,7 @@ from pathlib import Path
 
 from elastrain.errors import ConfigError
 from elastrain.launcher.hosts import HostSource
+from elastrain.procutil import Spawner, die_with_parent
 from elastrain.rendezvous.coordinator import Coordinator, CoordinatorConfig
 
 log = logging.getLogger("elastrain.run")
@@ -44,6 +45,7 @@ class LaunchConfig:
     elastic_timeout_s: float = 60.0
     start_timeout_s: float = 120.0
     max_restarts: int = 3
+    restart_mode: bool = False
     watch_interval_s: float = 0.2
     env: dict[str, str] = field(default_factory=dict)
 
@@ -84,6 +86,15 @@ def resolve_sizes(np: int | None, min_np: int | None, max_np: int | None, slots:
     return lo, hi, min(initial, max(slots, lo))
 
 
+def uses_elastrain(command: list[str]) -> bool:
+    """Auto-detect the mode: does the script import elastrain (native) or not (restart mode)?"""
+    script = next((a for a in command[1:] if a.endswith(".py")), None) if command else None
+    if script is None or not Path(script).is_file():
+        return True
+    text = Path(script).read_text(errors="replace")
+    return "import elastrain" in text or "from elastrain" in text
+
+
 def resolve_python(command: list[str]) -> list[str]:
     """A bare ``python``/``python3`` means the interpreter elastrain runs under (its venv)."""
     if command and command[0] in ("python", "python3"):
@@ -110,6 +121,7 @@ class Launcher:
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
         self.coordinator: Coordinator | None = None
+        self._spawner = Spawner()
 
     def _start_agent(self, host: str) -> None:
         assert self.coordinator is not None
@@ -127,8 +139,13 @@ class Launcher:
         if self.config.ledger_dir is not None:
             env["ELASTRAIN_LEDGER_DIR"] = str(self.config.ledger_dir)
         argv = [sys.executable, "-m", "elastrain.agent.agent", "--coordinator", self.coordinator.address,
-                "--host", host, "--", *resolve_python(self.config.command)]
-        self.agents[host] = subprocess.Popen(argv, env=env, start_new_session=True)
+                "--host", host, "--max-restarts", str(self.config.max_restarts)]
+        if self.config.restart_mode:
+            argv.append("--restart-mode")
+        argv += ["--", *resolve_python(self.config.command)]
+        self.agents[host] = self._spawner.call(  # type: ignore[assignment]
+            lambda: subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent())
+        )
 
     def run(self) -> int:
         """Start everything, wait for the job to end, clean up; returns the exit code."""

@@ -40,6 +40,7 @@ class Member:
     host: str
     pid: int
     committed_step: int
+    port: int = 0  # a free port on the member's host (restart mode: rank 0's becomes MASTER_PORT)
 
 
 @dataclass(frozen=True)

@@ -48,10 +48,10 @@ class CoordinatorRendezvous(Rendezvous):
         """True once the coordinator has announced the next generation (a plain attribute read)."""
         return self._pending
 
-    def join(self, committed_step: int) -> JoinResult:
-        """Ask for the next generation and wait for it."""
+    def join(self, committed_step: int, **extra: int) -> JoinResult:
+        """Ask for the next generation and wait for it (`extra`: e.g. a free port, the child's pid)."""
         self._pending = False
-        reply = self._rpc.request("join", committed_step=committed_step)
+        reply = self._rpc.request("join", committed_step=committed_step, **extra)
         outcome = JoinOutcome(reply.get("outcome", "job_over"))
         if outcome != JoinOutcome.ADMITTED:
             return JoinResult(outcome, reason=str(reply.get("reason", "")))

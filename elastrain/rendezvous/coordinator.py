@@ -54,6 +54,7 @@ class WorkerRecord:
     peer: Peer | None = None
     join_request: Message | None = None
     committed_step: int = -1
+    port: int = 0
     last_seen: float = field(default_factory=time.monotonic)
     since: float = field(default_factory=time.monotonic)
 
@@ -170,6 +171,7 @@ class Coordinator:
         if role == "agent":
             host = str(msg.get("host"))
             self.agents[host] = peer
+            self._record({"event": "agent", "host": host, "pid": int(msg.get("pid", 0)), "at": time.time()})
             peer.reply(msg, ok=True)
         elif role == "worker":
             wid = str(msg.get("worker_id"))
@@ -200,6 +202,8 @@ class Coordinator:
     def _handle_worker_exited(self, peer: Peer, msg: Message) -> None:
         worker = self.workers.get(str(msg.get("worker_id")))
         code = int(msg.get("returncode", 0))
+        self._record({"event": "worker_exit", "worker_id": msg.get("worker_id"), "returncode": code,
+                      "at": time.time()})
         if worker is None or worker.state not in _LIVE:
             return
         if code == 0:
@@ -220,6 +224,9 @@ class Coordinator:
             return
         worker.last_seen = time.monotonic()
         worker.committed_step = int(msg.get("committed_step", -1))
+        worker.port = int(msg.get("port", 0))
+        if msg.get("pid"):
+            worker.pid = int(msg["pid"])
         if self.outcome is not None:
             peer.reply(msg, outcome="job_over", reason=self.outcome.message)
             return
@@ -237,6 +244,8 @@ class Coordinator:
         worker = self.workers.get(peer.info.get("worker_id", ""))
         if worker is None:
             return
+        # A worker that asks to leave (SIGTERM: preemption, a scheduler) frees its slot for good.
+        self._quota[worker.host] = max(0, self._quota.get(worker.host, 0) - 1)
         if worker.state in (WorkerState.ACTIVE, WorkerState.STOPPED):
             worker.state = WorkerState.LEAVING
             self._request_generation(Cause.SCALE_IN)
@@ -413,7 +422,7 @@ class Coordinator:
         sync = bool(joiners) or any(s != best for s in steps) or number == 0
         generation = Generation(
             number=number,
-            members=tuple(Member(w.worker_id, w.host, w.pid, w.committed_step) for w in chosen),
+            members=tuple(Member(w.worker_id, w.host, w.pid, w.committed_step, w.port) for w in chosen),
             cause=cause,
             store_address=self.store_address,
             src_rank=src,

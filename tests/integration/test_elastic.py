@@ -1,0 +1,106 @@
+"""Live resize, failures and graceful leaves with real processes (gloo on CPU)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.jobs import EXAMPLE, assert_exactly_once, hosts
+
+pytestmark = pytest.mark.timeout(240)
+
+EPOCHS = 3
+
+
+def example(*extra: str, epochs: int = EPOCHS, sleep: float = 0.01) -> list[str]:
+    return ["python", str(EXAMPLE), "--epochs", str(epochs), "--step-sleep", str(sleep), *extra]
+
+
+def member_pids(generation: dict) -> dict[str, int]:
+    return {m["worker_id"]: m["pid"] for m in generation["members"]}
+
+
+def test_scale_out_2_to_4_then_in_to_2_keeps_pids_and_data(elastic_job, tmp_path: Path) -> None:
+    job = elastic_job(hosts(2), ["--min-np", "2", "--max-np", "4", "--join-grace", "20"], example())
+    first = job.wait_world(2, 20)
+    job.set_hosts(hosts(4))
+    grown = job.wait_world(4, 20)
+    job.set_hosts(hosts(2))
+    shrunk = job.wait_world(2, 5)
+    assert job.wait() == 0, job.output()
+
+    original = member_pids(first)
+    assert {w: p for w, p in member_pids(grown).items() if w in original} == original
+    assert member_pids(shrunk) == original
+    report = job.report()
+    assert [g["cause"] for g in report["generations"]] == ["start", "scale_out", "scale_in"]
+    assert [g["world_size"] for g in report["generations"]] == [2, 4, 2]
+    assert report["surviving_worker_pids_unchanged"]
+    assert_exactly_once(report, EPOCHS)
+    # the two workers that left did so gracefully: exit code 0
+    exits = {e["worker_id"]: e["returncode"] for e in job.events() if e.get("event") == "worker_exit"}
+    leavers = set(member_pids(grown)) - set(original)
+    assert leavers and all(exits.get(w) == 0 for w in leavers), exits
+
+
+def test_kill_9_worker_survivors_continue_losing_at_most_one_step(elastic_job) -> None:
+    job = elastic_job(hosts(3), ["--min-np", "2", "--max-np", "3"], example())
+    gen = job.wait_world(3, 20)
+    victim = gen["members"][-1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    after = job.wait_world(2, 5)
+    assert job.wait() == 0, job.output()
+
+    survivors = {w: p for w, p in member_pids(gen).items() if w != victim["worker_id"]}
+    assert member_pids(after) == survivors
+    report = job.report()
+    failure = report["generations"][-1]
+    assert failure["cause"] == "worker_failure"
+    assert failure["steps_lost"] <= 1
+    assert failure["samples_replayed"] <= 64  # at most the one step that was in flight
+    assert_exactly_once(report, EPOCHS)
+
+
+def test_sigterm_worker_leaves_gracefully(elastic_job) -> None:
+    job = elastic_job(hosts(3), ["--min-np", "2", "--max-np", "3"], example())
+    gen = job.wait_world(3, 20)
+    leaver = gen["members"][0]
+    os.kill(leaver["pid"], signal.SIGTERM)
+    job.wait_world(2, 5)
+    assert job.wait() == 0, job.output()
+    report = job.report()
+    assert report["generations"][-1]["cause"] == "scale_in"
+    assert report["generations"][-1]["steps_lost"] == 0
+    exits = {e["worker_id"]: e["returncode"] for e in job.events() if e.get("event") == "worker_exit"}
+    assert exits[leaver["worker_id"]] == 0
+    assert_exactly_once(report, EPOCHS)
+
+
+def test_fixed_batch_trajectory_matches_constant_world(elastic_job, tmp_path: Path) -> None:
+    """2 -> 4 -> 3 -> 2 ends with the same parameters as a constant 2-worker run (float64)."""
+    common = ["--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05"]
+    constant = elastic_job(hosts(2), ["-np", "2"], example(*common, "--params-out", str(tmp_path / "a.pt"),
+                                                            sleep=0.0), name="constant")
+    assert constant.wait() == 0, constant.output()
+
+    job = elastic_job(hosts(2), ["--min-np", "2", "--max-np", "4", "--join-grace", "20"],
+                      example(*common, "--params-out", str(tmp_path / "b.pt")), name="elastic")
+    job.wait_world(2, 10)
+    job.set_hosts(hosts(4))
+    gen = job.wait_world(4, 10)
+    os.kill(gen["members"][-1]["pid"], signal.SIGKILL)
+    job.wait_world(3, 10)
+    job.set_hosts(hosts(2))
+    job.wait_world(2, 1)
+    assert job.wait() == 0, job.output()
+    assert [g["world_size"] for g in job.report()["generations"]] == [2, 4, 3, 2]
+    assert_exactly_once(job.report(), EPOCHS)
+
+    a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    for name in a:
+        rel = (a[name] - b[name]).norm() / a[name].norm().clamp_min(1e-12)
+        assert rel.item() < 1e-5, (name, rel.item())
