@@ -48,7 +48,7 @@ class JobWatcher:
         return out
 
     def commits_in(self, generation: int) -> int:
-        steps = set()
+        steps: set[int] = set()
         for records in load_ledgers(self.dir).values():
             steps.update(r["s"] for r in records if r["k"] == "c" and r["g"] == generation)
         return len(steps)
@@ -92,9 +92,28 @@ def run_demo(json_path: Path | None, epochs: int = 8, workdir: Path | None = Non
     _say("preparing MNIST-1D (generated offline, cached)")
     subprocess.run([sys.executable, str(EXAMPLE.parent / "mnist1d_data.py")], check=True)
     command = [
-        sys.executable, "-m", "elastrain", "run", "--min-np", "2", "--max-np", "4", "--hostfile", str(hostfile),
-        "--ledger", str(ledger), "--join-grace", "20",
-        sys.executable, str(EXAMPLE), "--epochs", str(epochs), "--step-sleep", "0.004", "--result", str(result),
+        sys.executable,
+        "-m",
+        "elastrain",
+        "run",
+        "--min-np",
+        "2",
+        "--max-np",
+        "4",
+        "--hostfile",
+        str(hostfile),
+        "--ledger",
+        str(ledger),
+        "--join-grace",
+        "20",
+        sys.executable,
+        str(EXAMPLE),
+        "--epochs",
+        str(epochs),
+        "--step-sleep",
+        "0.004",
+        "--result",
+        str(result),
     ]
     _say(f"starting: elastrain run --min-np 2 --max-np 4 --hostfile {hostfile} python {EXAMPLE.name}")
     proc = subprocess.Popen(command, start_new_session=True)
@@ -124,8 +143,10 @@ def run_demo(json_path: Path | None, epochs: int = 8, workdir: Path | None = Non
     ok = (
         code == 0
         and report["surviving_worker_pids_unchanged"]
-        and all(e["samples"] == TRAIN_SAMPLES and e["duplicates"] == 0 and e["missing"] == 0
-                for e in report["epochs"])
+        and all(
+            e["samples"] == TRAIN_SAMPLES and e["duplicates"] == 0 and e["missing"] == 0
+            for e in report["epochs"]
+        )
         and len(report["epochs"]) == epochs
     )
     report["passed"] = ok

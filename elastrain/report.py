@@ -81,21 +81,31 @@ def build_report(ledger_dir: Path, num_samples: int) -> dict[str, Any]:
         if previous_last_commit is not None and first is not None:
             pause = max(0.0, first - previous_last_commit)
         steps = sum(1 for (gg, _) in committed if gg == g)
-        lost = sum(1 for r in ledgers.values() for x in r if x["k"] == "c" and x["g"] == g - 1
-                   and not in_lineage(x["g"], x["s"])) if g > 0 else 0
-        generations.append({
-            "generation": g,
-            "world_size": e["world_size"],
-            "cause": e["cause"],
-            "steps": steps,
-            "start_step": e["start_step"],
-            "pause_s": round(pause, 3),
-            "detect_to_formed_s": round(e["formed_at"] - e["requested_at"], 3),
-            "samples_per_worker": dict(sorted(per_gen_worker[g].items())),
-            "members": e["members"],
-            "steps_lost": lost,
-            "samples_replayed": replayed[g - 1] if g > 0 else 0,
-        })
+        lost = (
+            sum(
+                1
+                for r in ledgers.values()
+                for x in r
+                if x["k"] == "c" and x["g"] == g - 1 and not in_lineage(x["g"], x["s"])
+            )
+            if g > 0
+            else 0
+        )
+        generations.append(
+            {
+                "generation": g,
+                "world_size": e["world_size"],
+                "cause": e["cause"],
+                "steps": steps,
+                "start_step": e["start_step"],
+                "pause_s": round(pause, 3),
+                "detect_to_formed_s": round(e["formed_at"] - e["requested_at"], 3),
+                "samples_per_worker": dict(sorted(per_gen_worker[g].items())),
+                "members": e["members"],
+                "steps_lost": lost,
+                "samples_replayed": replayed[g - 1] if g > 0 else 0,
+            }
+        )
         if times:
             previous_last_commit = times[-1]
 
@@ -103,13 +113,15 @@ def build_report(ledger_dir: Path, num_samples: int) -> dict[str, Any]:
     for epoch in sorted(epoch_counts):
         counts = epoch_counts[epoch]
         total = sum(counts.values())
-        epochs.append({
-            "epoch": epoch,
-            "samples": total,
-            "unique": len(counts),
-            "duplicates": total - len(counts),
-            "missing": num_samples - len([i for i in counts if 0 <= i < num_samples]),
-        })
+        epochs.append(
+            {
+                "epoch": epoch,
+                "samples": total,
+                "unique": len(counts),
+                "duplicates": total - len(counts),
+                "missing": num_samples - len([i for i in counts if 0 <= i < num_samples]),
+            }
+        )
     first_members = {m["worker_id"]: m["pid"] for g in events[:1] for m in g["members"]}
     unchanged = all(pids.get(w, {pid}) == {pid} for w, pid in first_members.items())
     return {
@@ -125,8 +137,10 @@ def format_report(report: dict[str, Any]) -> str:
     lines = ["generation  world  cause           steps  pause_s  samples per worker"]
     for g in report["generations"]:
         per = ", ".join(f"{w}={n}" for w, n in g["samples_per_worker"].items())
-        lines.append(f"{g['generation']:>10}  {g['world_size']:>5}  {g['cause']:<14}  {g['steps']:>5}  "
-                     f"{g['pause_s']:>7.3f}  {per}")
+        lines.append(
+            f"{g['generation']:>10}  {g['world_size']:>5}  {g['cause']:<14}  {g['steps']:>5}  "
+            f"{g['pause_s']:>7.3f}  {per}"
+        )
     lines.append("")
     lines.append("epoch  samples  duplicates  missing")
     for e in report["epochs"]:

@@ -19,19 +19,23 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mnist1d_data  # noqa: E402
+import mnist1d_data
 
-import elastrain  # noqa: E402
+import elastrain
 
 
 def build_model() -> nn.Module:
     """A 1-D CNN of about 10k parameters (reaches ~85-90% test accuracy in a few epochs)."""
     return nn.Sequential(
         nn.Unflatten(1, (1, 40)),
-        nn.Conv1d(1, 32, 5, padding=2), nn.ReLU(),
-        nn.Conv1d(32, 32, 3, padding=1, stride=2), nn.ReLU(),
-        nn.Conv1d(32, 32, 3, padding=1, stride=2), nn.ReLU(),
-        nn.Flatten(), nn.Linear(320, 10),
+        nn.Conv1d(1, 32, 5, padding=2),
+        nn.ReLU(),
+        nn.Conv1d(32, 32, 3, padding=1, stride=2),
+        nn.ReLU(),
+        nn.Conv1d(32, 32, 3, padding=1, stride=2),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(320, 10),
     )
 
 
@@ -70,20 +74,25 @@ def main() -> None:
 
     @elastrain.run
     def train(state: elastrain.State) -> None:
-        for state.epoch in range(state.epoch, args.epochs):
+        # Re-entered after every resize: it resumes from the committed epoch and sampler cursor.
+        while state.epoch < args.epochs:
             sampler.set_epoch(state.epoch)
             for indices in sampler:
                 optimizer.zero_grad()
                 loss = F.cross_entropy(model(x_train[indices]), y_train[indices])
                 loss.backward()
-                state.allreduce_gradients()
+                state.allreduce_gradients()  # sample-weighted average; also carries the resize flag
                 optimizer.step()
-                state.commit()
+                state.commit()  # every rank stops here together when a new generation is pending
+                if state.rank == 0 and sampler.remaining() == 0:
+                    print(
+                        f"epoch {state.epoch} done: world {state.world_size}, step {state.step}, "
+                        f"loss {loss.item():.4f}",
+                        flush=True,
+                    )
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
-            if state.rank == 0:
-                print(f"epoch {state.epoch} done: world {state.world_size}, step {state.step}, "
-                      f"loss {loss.item():.4f}", flush=True)
+            state.epoch += 1
 
     train(state)
 

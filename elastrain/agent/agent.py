@@ -84,15 +84,23 @@ class Agent:
         from elastrain.agent.restart import RestartSlot
         from elastrain.rendezvous.client import CoordinatorRendezvous
 
-        rdzv = CoordinatorRendezvous(self.config.coordinator, self.config.token, worker_id, self.config.host,
-                                     local_rank)
-        slot = RestartSlot(rdzv, self.config.host, local_rank,
-                           lambda env: self._start_process(worker_id, local_rank, env), self.config.max_restarts)
+        rdzv = CoordinatorRendezvous(
+            self.config.coordinator, self.config.token, worker_id, self.config.host, local_rank
+        )
+        slot = RestartSlot(
+            rdzv,
+            self.config.host,
+            local_rank,
+            lambda env: self._start_process(worker_id, local_rank, env),
+            self.config.max_restarts,
+        )
         with self._lock:
             self.slots[worker_id] = slot
         slot.start()
 
-    def _start_process(self, worker_id: str, local_rank: int, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _start_process(
+        self, worker_id: str, local_rank: int, extra_env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N workers must not each take every core
         env.update(self.config.env)
@@ -191,9 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coordinator", required=True, help="HOST:PORT printed by `elastrain run`")
     parser.add_argument("--host", required=True, help="this host's name as the hostfile lists it")
     parser.add_argument("--token", default=os.environ.get("ELASTRAIN_JOB_TOKEN", ""), help="job token")
-    parser.add_argument("--restart-mode", action="store_true",
-                        help="the script is torchrun-style: restart it on every membership change")
-    parser.add_argument("--max-restarts", type=int, default=3, help="restart-mode failures tolerated per slot")
+    parser.add_argument(
+        "--restart-mode",
+        action="store_true",
+        help="the script is torchrun-style: restart it on every membership change",
+    )
+    parser.add_argument(
+        "--max-restarts", type=int, default=3, help="restart-mode failures tolerated per slot"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -201,8 +214,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the training command after --")
     logging.basicConfig(level=logging.WARNING, format="elastrain-agent: %(message)s")
     try:
-        agent = Agent(AgentConfig(args.coordinator, args.token, args.host, command,
-                                  restart_mode=args.restart_mode, max_restarts=args.max_restarts))
+        agent = Agent(
+            AgentConfig(
+                args.coordinator,
+                args.token,
+                args.host,
+                command,
+                restart_mode=args.restart_mode,
+                max_restarts=args.max_restarts,
+            )
+        )
     except CoordinatorLost as exc:
         print(f"elastrain agent: {exc}", file=sys.stderr)
         return 2

@@ -90,7 +90,11 @@ class DiscoveryScript(HostSource):
 
 
 def make_host_source(
-    host_list: str | None, hostfile: str | None, discovery: str | None, nproc_per_node: int | None, np: int | None
+    host_list: str | None,
+    hostfile: str | None,
+    discovery: str | None,
+    nproc_per_node: int | None,
+    np: int | None,
 ) -> HostSource:
     """Pick the host source from the launcher's flags (at most one of -H, --hostfile, discovery)."""
     given = [x for x in (host_list, hostfile, discovery) if x]

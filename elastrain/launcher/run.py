@@ -138,8 +138,17 @@ class Launcher:
         env["ELASTRAIN_JOB_TOKEN"] = self.token
         if self.config.ledger_dir is not None:
             env["ELASTRAIN_LEDGER_DIR"] = str(self.config.ledger_dir)
-        argv = [sys.executable, "-m", "elastrain.agent.agent", "--coordinator", self.coordinator.address,
-                "--host", host, "--max-restarts", str(self.config.max_restarts)]
+        argv = [
+            sys.executable,
+            "-m",
+            "elastrain.agent.agent",
+            "--coordinator",
+            self.coordinator.address,
+            "--host",
+            host,
+            "--max-restarts",
+            str(self.config.max_restarts),
+        ]
         if self.config.restart_mode:
             argv.append("--restart-mode")
         argv += ["--", *resolve_python(self.config.command)]
@@ -152,14 +161,19 @@ class Launcher:
         import torch.distributed as dist
 
         hosts = self.config.hosts.read()
-        lo, hi, initial = resolve_sizes(self.config.np, self.config.min_np, self.config.max_np, hosts.total_slots)
+        lo, hi, initial = resolve_sizes(
+            self.config.np, self.config.min_np, self.config.max_np, hosts.total_slots
+        )
         if self.config.ledger_dir is not None:
             self.config.ledger_dir.mkdir(parents=True, exist_ok=True)
-        store = dist.TCPStore(self.config.coordinator_host, 0, is_master=True, wait_for_workers=False,
-                              use_libuv=True)
+        store = dist.TCPStore(
+            self.config.coordinator_host, 0, is_master=True, wait_for_workers=False, use_libuv=True
+        )
         store_address = f"{self.config.coordinator_host}:{store.port}"
         coord_config = CoordinatorConfig(
-            min_np=lo, max_np=hi, initial_np=initial,
+            min_np=lo,
+            max_np=hi,
+            initial_np=initial,
             join_grace_s=self.config.join_grace_s,
             start_timeout_s=self.config.start_timeout_s,
             elastic_timeout_s=self.config.elastic_timeout_s,
@@ -167,8 +181,14 @@ class Launcher:
             max_restarts=self.config.max_restarts,
             events_path=(self.config.ledger_dir / "events.jsonl") if self.config.ledger_dir else None,
         )
-        self.coordinator = Coordinator(coord_config, self.token, store_address, self._start_agent,
-                                       bind_host=self.config.coordinator_host, port=self.config.coordinator_port)
+        self.coordinator = Coordinator(
+            coord_config,
+            self.token,
+            store_address,
+            self._start_agent,
+            bind_host=self.config.coordinator_host,
+            port=self.config.coordinator_port,
+        )
         log.info("coordinator at %s; %d..%d workers, starting %d", self.coordinator.address, lo, hi, initial)
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for sig in previous:

@@ -23,7 +23,13 @@ class CoordinatorRendezvous(Rendezvous):
         self._rpc = RpcClient(
             address,
             token,
-            {"role": "worker", "worker_id": worker_id, "host": host, "local_rank": local_rank, "pid": os.getpid()},
+            {
+                "role": "worker",
+                "worker_id": worker_id,
+                "host": host,
+                "local_rank": local_rank,
+                "pid": os.getpid(),
+            },
             on_push=self._on_push,
             on_disconnect=self.lost.set,
         )

@@ -23,7 +23,13 @@ from elastrain.rendezvous.wire import Message, Peer, RpcServer
 
 log = logging.getLogger("elastrain.coordinator")
 
-_LIVE = (WorkerState.STARTING, WorkerState.WAITING, WorkerState.ACTIVE, WorkerState.STOPPED, WorkerState.LEAVING)
+_LIVE = (
+    WorkerState.STARTING,
+    WorkerState.WAITING,
+    WorkerState.ACTIVE,
+    WorkerState.STOPPED,
+    WorkerState.LEAVING,
+)
 _MEMBER = (WorkerState.ACTIVE, WorkerState.STOPPED, WorkerState.LEAVING)
 
 
@@ -156,9 +162,9 @@ class Coordinator:
                 host = peer.info.get("host", "")
                 if self.agents.get(host) is peer:
                     del self.agents[host]
-                for worker in self.workers.values():
-                    if worker.host == host and worker.state == WorkerState.STARTING:
-                        worker.state = WorkerState.DEAD
+                for record in self.workers.values():
+                    if record.host == host and record.state == WorkerState.STARTING:
+                        record.state = WorkerState.DEAD
             elif role == "worker":
                 worker = self.workers.get(peer.info.get("worker_id", ""))
                 if worker is not None and worker.peer is peer and worker.state in _LIVE:
@@ -202,8 +208,9 @@ class Coordinator:
     def _handle_worker_exited(self, peer: Peer, msg: Message) -> None:
         worker = self.workers.get(str(msg.get("worker_id")))
         code = int(msg.get("returncode", 0))
-        self._record({"event": "worker_exit", "worker_id": msg.get("worker_id"), "returncode": code,
-                      "at": time.time()})
+        self._record(
+            {"event": "worker_exit", "worker_id": msg.get("worker_id"), "returncode": code, "at": time.time()}
+        )
         if worker is None or worker.state not in _LIVE:
             return
         if code == 0:
@@ -213,7 +220,9 @@ class Coordinator:
                 self._request_generation(Cause.SCALE_IN)
         elif code > 0 and self.outcome is None:
             # its output (the traceback) was already forwarded line by line: do not repeat it
-            self._fail(worker.worker_id, f"worker {worker.worker_id} exited with code {code} (see its output above)")
+            self._fail(
+                worker.worker_id, f"worker {worker.worker_id} exited with code {code} (see its output above)"
+            )
         else:
             self._mark_dead(worker, Cause.WORKER_FAILURE)
 
@@ -330,8 +339,11 @@ class Coordinator:
         if len(live) < self.config.min_np and self.generation is not None:
             self._refill_quota(self.config.min_np - len(live))
         for host, agent in self.agents.items():
-            used = {w.local_rank for w in self.workers.values()
-                    if w.host == host and (w.state in _LIVE or w.state == WorkerState.DONE)}
+            used = {
+                w.local_rank
+                for w in self.workers.values()
+                if w.host == host and (w.state in _LIVE or w.state == WorkerState.DONE)
+            }
             free = [i for i in range(self.hosts.get(host, 0)) if i not in used]
             allowed = self._quota.get(host, 0) - len(used)
             new_ids = []
@@ -348,7 +360,9 @@ class Coordinator:
     def _refill_quota(self, missing: int) -> None:
         """Below min_np after failures: allow respawning into failed slots (bounded by max_restarts)."""
         for host, slots in self.hosts.items():
-            while missing > 0 and self._quota.get(host, 0) < slots and self.restarts < self.config.max_restarts:
+            while (
+                missing > 0 and self._quota.get(host, 0) < slots and self.restarts < self.config.max_restarts
+            ):
                 self._quota[host] = self._quota.get(host, 0) + 1
                 self.restarts += 1
                 missing -= 1
@@ -402,8 +416,11 @@ class Coordinator:
             now = time.monotonic()
             self._below_min_since = self._below_min_since or now
             if now - self._below_min_since > self.config.elastic_timeout_s:
-                self._fail("", f"fewer than --min-np {self.config.min_np} workers for "
-                               f"{self.config.elastic_timeout_s:.0f}s; add hosts or lower --min-np")
+                self._fail(
+                    "",
+                    f"fewer than --min-np {self.config.min_np} workers for "
+                    f"{self.config.elastic_timeout_s:.0f}s; add hosts or lower --min-np",
+                )
             return
         self._below_min_since = None
         for w in members:
@@ -462,7 +479,9 @@ class Coordinator:
 
     def _finish(self, outcome: Outcome) -> None:
         self.outcome = outcome
-        self._record({"event": "end", "success": outcome.success, "message": outcome.message, "at": time.time()})
+        self._record(
+            {"event": "end", "success": outcome.success, "message": outcome.message, "at": time.time()}
+        )
         for worker in self.workers.values():
             if worker.join_request is not None and worker.peer is not None:
                 worker.peer.reply(worker.join_request, outcome="job_over", reason=outcome.message)
@@ -481,8 +500,9 @@ class Coordinator:
                         and worker.peer is not None
                         and now - worker.last_seen > self.config.heartbeat_timeout_s
                     ):
-                        log.warning("worker %s missed heartbeats for %.0fs", worker.worker_id,
-                                    now - worker.last_seen)
+                        log.warning(
+                            "worker %s missed heartbeats for %.0fs", worker.worker_id, now - worker.last_seen
+                        )
                         self._mark_dead(worker, Cause.HEARTBEAT_LOSS)
                         if worker.peer is not None:
                             worker.peer.push("fenced", reason="missed heartbeats")

@@ -129,7 +129,9 @@ class RpcClient:
         if not slot[0].wait(timeout):
             with self._lock:
                 self._waiting.pop(rid, None)
-            raise CoordinatorLost(f"no answer from the coordinator at {self.address} to {kind!r} in {timeout}s")
+            raise CoordinatorLost(
+                f"no answer from the coordinator at {self.address} to {kind!r} in {timeout}s"
+            )
         if slot[1] is None:
             raise CoordinatorLost(f"lost the coordinator at {self.address} while waiting for {kind!r}")
         reply: Message = slot[1]

@@ -148,8 +148,14 @@ class ElasticSampler:
     def state_dict(self) -> dict[str, Any]:
         """The committed position (what a resize or a checkpoint must carry)."""
         epoch, cursor = self._committed
-        return {"epoch": epoch, "cursor": cursor, "num_samples": self.num_samples,
-                "batch_size": self.batch_size, "seed": self.seed, "policy": self.policy.value}
+        return {
+            "epoch": epoch,
+            "cursor": cursor,
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "policy": self.policy.value,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from `state_dict` (refuses a sampler of another dataset size)."""

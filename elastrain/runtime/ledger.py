@@ -39,8 +39,18 @@ class Ledger:
 
     def generation(self, generation: int, rank: int, world_size: int, start_step: int, cause: str) -> None:
         """This worker entered `generation` as `rank`."""
-        self._write({"k": "g", "g": generation, "r": rank, "ws": world_size, "s": start_step,
-                     "cause": cause, "pid": os.getpid(), "w": self.worker_id})
+        self._write(
+            {
+                "k": "g",
+                "g": generation,
+                "r": rank,
+                "ws": world_size,
+                "s": start_step,
+                "cause": cause,
+                "pid": os.getpid(),
+                "w": self.worker_id,
+            }
+        )
 
     def processed(self, generation: int, epoch: int, step: int, indices: Sequence[int]) -> None:
         """This worker is about to contribute `indices` to step `step`."""

@@ -40,7 +40,9 @@ class Runtime:
 
         self.context = context
         self.rendezvous = rendezvous
-        self.groups: GroupManager = GroupManager(context.backend, context.collective_timeout_s, context.local_rank)
+        self.groups: GroupManager = GroupManager(
+            context.backend, context.collective_timeout_s, context.local_rank
+        )
         self.ledger = Ledger(context.ledger_dir, context.worker_id)
         self.generation: Generation | None = None
         self.rank = 0
@@ -73,7 +75,9 @@ class Runtime:
         self.groups.build(generation, self.rank)
         self.group_valid = True
         start_step = generation.members[generation.src_rank].committed_step
-        self.ledger.generation(generation.number, self.rank, self.world_size, start_step, generation.cause.value)
+        self.ledger.generation(
+            generation.number, self.rank, self.world_size, start_step, generation.cause.value
+        )
 
     def invalidate(self) -> None:
         """The group is no longer usable (a resize is due or a peer died)."""
@@ -132,7 +136,11 @@ def init(context: LaunchContext | None = None) -> Runtime:
             from elastrain.rendezvous.client import CoordinatorRendezvous
 
             rendezvous = CoordinatorRendezvous(
-                context.coordinator, context.token, context.worker_id, context.host, context.local_rank,
+                context.coordinator,
+                context.token,
+                context.worker_id,
+                context.host,
+                context.local_rank,
                 heartbeat_s=context.heartbeat_s,
             )
             if threading.current_thread() is threading.main_thread():
@@ -180,9 +188,14 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as exc:
-                if isinstance(exc, MembershipChange) or (rt.rendezvous is not None and is_collective_failure(exc)):
-                    log.warning("%s: collective failed (%s); rejoining", rt.context.worker_id,
-                                str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__)
+                if isinstance(exc, MembershipChange) or (
+                    rt.rendezvous is not None and is_collective_failure(exc)
+                ):
+                    log.warning(
+                        "%s: collective failed (%s); rejoining",
+                        rt.context.worker_id,
+                        str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__,
+                    )
                     rt.invalidate()
                     state.rollback()
                     continue

@@ -99,8 +99,11 @@ class State:
         first = True
         for dtype, group in by_dtype.items():
             pieces = [
-                (p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype,
-                                                                                       device=p.device))
+                (
+                    p.grad.detach().reshape(-1)
+                    if p.grad is not None
+                    else torch.zeros(p.numel(), dtype=dtype, device=p.device)
+                )
                 for p in group
             ]
             flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0].clone()
@@ -109,7 +112,9 @@ class State:
             elif local_n == 0:
                 flat.zero_()
             if first:
-                extra = torch.tensor([float(local_n), 1.0 if rt.pending() else 0.0], dtype=dtype, device=flat.device)
+                extra = torch.tensor(
+                    [float(local_n), 1.0 if rt.pending() else 0.0], dtype=dtype, device=flat.device
+                )
                 flat = torch.cat([flat, extra])
             if rt.world_size > 1 or rt.rendezvous is not None:
                 dist.all_reduce(flat)
@@ -128,7 +133,7 @@ class State:
                 else:
                     p.grad.copy_(view)
                 offset += n
-        return int(round(total))
+        return round(total)
 
     def commit(self) -> None:
         """Mark the current step done. Every rank stops here together when a resize is pending."""

@@ -26,7 +26,9 @@ def elastic_job(tmp_path: Path) -> Iterator[Callable[..., ElasticJob]]:
     """Start jobs with `elastic_job(hosts, run_args, command)`; every process is killed at the end."""
     jobs: list[ElasticJob] = []
 
-    def start(initial_hosts: list[Host], run_args: list[str], command: list[str], name: str = "job") -> ElasticJob:
+    def start(
+        initial_hosts: list[Host], run_args: list[str], command: list[str], name: str = "job"
+    ) -> ElasticJob:
         workdir = tmp_path / name
         workdir.mkdir()
         job = ElasticJob(workdir, initial_hosts, run_args, command)

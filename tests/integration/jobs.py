@@ -29,17 +29,30 @@ def hosts(n: int, first: int = 2) -> list[Host]:
 class ElasticJob:
     """One `elastrain run` of the example (or any command) in `workdir`."""
 
-    def __init__(self, workdir: Path, initial_hosts: list[Host], run_args: list[str], command: list[str]) -> None:
+    def __init__(
+        self, workdir: Path, initial_hosts: list[Host], run_args: list[str], command: list[str]
+    ) -> None:
         self.workdir = workdir
         self.hostfile = workdir / "hostfile"
         self.ledger = workdir / "ledger"
         self.generation = 1
         write_hostfile(self.hostfile, initial_hosts, self.generation)
-        argv = [sys.executable, "-m", "elastrain", "run", "--hostfile", str(self.hostfile), "--ledger",
-                str(self.ledger), *run_args, *command]
+        argv = [
+            sys.executable,
+            "-m",
+            "elastrain",
+            "run",
+            "--hostfile",
+            str(self.hostfile),
+            "--ledger",
+            str(self.ledger),
+            *run_args,
+            *command,
+        ]
         self.log = open(workdir / "job.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd=REPO)
+        self.proc = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO
+        )
         self.watcher = JobWatcher(self.ledger, self.proc)
 
     def set_hosts(self, new_hosts: list[Host]) -> None:

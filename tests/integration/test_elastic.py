@@ -83,12 +83,20 @@ def test_sigterm_worker_leaves_gracefully(elastic_job) -> None:
 def test_fixed_batch_trajectory_matches_constant_world(elastic_job, tmp_path: Path) -> None:
     """2 -> 4 -> 3 -> 2 ends with the same parameters as a constant 2-worker run (float64)."""
     common = ["--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05"]
-    constant = elastic_job(hosts(2), ["-np", "2"], example(*common, "--params-out", str(tmp_path / "a.pt"),
-                                                            sleep=0.0), name="constant")
+    constant = elastic_job(
+        hosts(2),
+        ["-np", "2"],
+        example(*common, "--params-out", str(tmp_path / "a.pt"), sleep=0.0),
+        name="constant",
+    )
     assert constant.wait() == 0, constant.output()
 
-    job = elastic_job(hosts(2), ["--min-np", "2", "--max-np", "4", "--join-grace", "20"],
-                      example(*common, "--params-out", str(tmp_path / "b.pt")), name="elastic")
+    job = elastic_job(
+        hosts(2),
+        ["--min-np", "2", "--max-np", "4", "--join-grace", "20"],
+        example(*common, "--params-out", str(tmp_path / "b.pt")),
+        name="elastic",
+    )
     job.wait_world(2, 10)
     job.set_hosts(hosts(4))
     gen = job.wait_world(4, 10)
