@@ -14,18 +14,56 @@ from tests.integration.jobs import EXAMPLE, assert_exactly_once, hosts
 pytestmark = pytest.mark.timeout(240)
 
 EPOCHS = 3
+# float64 + plain SGD: every run must end with the parameters of a constant 2-worker run (fixed policy)
+TRAINING = ["--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05"]
 
 
-def example(*extra: str, epochs: int = EPOCHS, sleep: float = 0.01) -> list[str]:
-    return ["python", str(EXAMPLE), "--epochs", str(epochs), "--step-sleep", str(sleep), *extra]
+def example(params_out: Path, *extra: str, epochs: int = EPOCHS, sleep: float = 0.01) -> list[str]:
+    return [
+        "python",
+        str(EXAMPLE),
+        "--epochs",
+        str(epochs),
+        "--step-sleep",
+        str(sleep),
+        *TRAINING,
+        "--params-out",
+        str(params_out),
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference_params(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """Final parameters of a constant 2-worker run: what every elastic run must end with."""
+    from tests.integration.jobs import ElasticJob
+
+    work = tmp_path_factory.mktemp("reference")
+    job = ElasticJob(work, hosts(2), ["-np", "2"], example(work / "params.pt", sleep=0.0))
+    try:
+        assert job.wait() == 0, job.output()
+    finally:
+        job.cleanup()
+    return torch.load(work / "params.pt")
+
+
+def assert_same_params(reference: dict[str, torch.Tensor], path: Path) -> None:
+    final = torch.load(path)
+    for name, ref in reference.items():
+        rel = (ref - final[name]).norm() / ref.norm().clamp_min(1e-12)
+        assert rel.item() < 1e-5, (name, rel.item())
 
 
 def member_pids(generation: dict) -> dict[str, int]:
     return {m["worker_id"]: m["pid"] for m in generation["members"]}
 
 
-def test_scale_out_2_to_4_then_in_to_2_keeps_pids_and_data(elastic_job, tmp_path: Path) -> None:
-    job = elastic_job(hosts(2), ["--min-np", "2", "--max-np", "4", "--join-grace", "20"], example())
+def test_scale_out_2_to_4_then_in_to_2_keeps_pids_and_data(
+    elastic_job, tmp_path: Path, reference_params
+) -> None:
+    job = elastic_job(
+        hosts(2), ["--min-np", "2", "--max-np", "4", "--join-grace", "20"], example(tmp_path / "p.pt")
+    )
     first = job.wait_world(2, 20)
     job.set_hosts(hosts(4))
     grown = job.wait_world(4, 20)
@@ -45,10 +83,13 @@ def test_scale_out_2_to_4_then_in_to_2_keeps_pids_and_data(elastic_job, tmp_path
     exits = {e["worker_id"]: e["returncode"] for e in job.events() if e.get("event") == "worker_exit"}
     leavers = set(member_pids(grown)) - set(original)
     assert leavers and all(exits.get(w) == 0 for w in leavers), exits
+    assert_same_params(reference_params, tmp_path / "p.pt")
 
 
-def test_kill_9_worker_survivors_continue_losing_at_most_one_step(elastic_job) -> None:
-    job = elastic_job(hosts(3), ["--min-np", "2", "--max-np", "3"], example())
+def test_kill_9_worker_survivors_continue_losing_at_most_one_step(
+    elastic_job, tmp_path, reference_params
+) -> None:
+    job = elastic_job(hosts(3), ["--min-np", "2", "--max-np", "3"], example(tmp_path / "p.pt"))
     gen = job.wait_world(3, 20)
     victim = gen["members"][-1]
     os.kill(victim["pid"], signal.SIGKILL)
@@ -63,10 +104,11 @@ def test_kill_9_worker_survivors_continue_losing_at_most_one_step(elastic_job) -
     assert failure["steps_lost"] <= 1
     assert failure["samples_replayed"] <= 64  # at most the one step that was in flight
     assert_exactly_once(report, EPOCHS)
+    assert_same_params(reference_params, tmp_path / "p.pt")
 
 
-def test_sigterm_worker_leaves_gracefully(elastic_job) -> None:
-    job = elastic_job(hosts(3), ["--min-np", "2", "--max-np", "3"], example())
+def test_sigterm_worker_leaves_gracefully(elastic_job, tmp_path, reference_params) -> None:
+    job = elastic_job(hosts(3), ["--min-np", "2", "--max-np", "3"], example(tmp_path / "p.pt"))
     gen = job.wait_world(3, 20)
     leaver = gen["members"][0]
     os.kill(leaver["pid"], signal.SIGTERM)
@@ -78,24 +120,15 @@ def test_sigterm_worker_leaves_gracefully(elastic_job) -> None:
     exits = {e["worker_id"]: e["returncode"] for e in job.events() if e.get("event") == "worker_exit"}
     assert exits[leaver["worker_id"]] == 0
     assert_exactly_once(report, EPOCHS)
+    assert_same_params(reference_params, tmp_path / "p.pt")
 
 
-def test_fixed_batch_trajectory_matches_constant_world(elastic_job, tmp_path: Path) -> None:
+def test_fixed_batch_trajectory_2_4_3_2_matches_constant_world(
+    elastic_job, tmp_path, reference_params
+) -> None:
     """2 -> 4 -> 3 -> 2 ends with the same parameters as a constant 2-worker run (float64)."""
-    common = ["--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05"]
-    constant = elastic_job(
-        hosts(2),
-        ["-np", "2"],
-        example(*common, "--params-out", str(tmp_path / "a.pt"), sleep=0.0),
-        name="constant",
-    )
-    assert constant.wait() == 0, constant.output()
-
     job = elastic_job(
-        hosts(2),
-        ["--min-np", "2", "--max-np", "4", "--join-grace", "20"],
-        example(*common, "--params-out", str(tmp_path / "b.pt")),
-        name="elastic",
+        hosts(2), ["--min-np", "2", "--max-np", "4", "--join-grace", "20"], example(tmp_path / "p.pt")
     )
     job.wait_world(2, 10)
     job.set_hosts(hosts(4))
@@ -105,10 +138,7 @@ def test_fixed_batch_trajectory_matches_constant_world(elastic_job, tmp_path: Pa
     job.set_hosts(hosts(2))
     job.wait_world(2, 1)
     assert job.wait() == 0, job.output()
-    assert [g["world_size"] for g in job.report()["generations"]] == [2, 4, 3, 2]
-    assert_exactly_once(job.report(), EPOCHS)
-
-    a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
-    for name in a:
-        rel = (a[name] - b[name]).norm() / a[name].norm().clamp_min(1e-12)
-        assert rel.item() < 1e-5, (name, rel.item())
+    report = job.report()
+    assert [g["world_size"] for g in report["generations"]] == [2, 4, 3, 2]
+    assert_exactly_once(report, EPOCHS)
+    assert_same_params(reference_params, tmp_path / "p.pt")
