@@ -44,3 +44,10 @@ class Spawner:
     def shutdown(self) -> None:
         """Stop the thread (children started from it then get their death signal)."""
         self._pool.shutdown(wait=False)
+
+
+def resolve_python(command: list[str]) -> list[str]:
+    """A bare ``python``/``python3`` means the interpreter elastrain runs under (its venv)."""
+    if command and command[0] in ("python", "python3"):
+        return [sys.executable, *command[1:]]
+    return command

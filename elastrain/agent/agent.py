@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from elastrain.errors import CoordinatorLost
-from elastrain.procutil import Spawner, die_with_parent
+from elastrain.procutil import Spawner, die_with_parent, resolve_python
 from elastrain.rendezvous.wire import Message, RpcClient
 
 log = logging.getLogger("elastrain.agent")
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = resolve_python(args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
         parser.error("give the training command after --")
     logging.basicConfig(level=logging.WARNING, format="elastrain-agent: %(message)s")

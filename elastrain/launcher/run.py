@@ -22,7 +22,7 @@ from pathlib import Path
 
 from elastrain.errors import ConfigError
 from elastrain.launcher.hosts import HostSource
-from elastrain.procutil import Spawner, die_with_parent
+from elastrain.procutil import Spawner, die_with_parent, resolve_python
 from elastrain.rendezvous.coordinator import Coordinator, CoordinatorConfig
 
 log = logging.getLogger("elastrain.run")
@@ -95,13 +95,6 @@ def uses_elastrain(command: list[str]) -> bool:
     return "import elastrain" in text or "from elastrain" in text
 
 
-def resolve_python(command: list[str]) -> list[str]:
-    """A bare ``python``/``python3`` means the interpreter elastrain runs under (its venv)."""
-    if command and command[0] in ("python", "python3"):
-        return [sys.executable, *command[1:]]
-    return command
-
-
 def is_local_host(host: str) -> bool:
     """True for loopback addresses and this machine's own names, where agents are started directly."""
     if host in ("localhost", socket.gethostname(), socket.getfqdn()) or host.startswith("127."):
@@ -123,25 +116,9 @@ class Launcher:
         self.coordinator: Coordinator | None = None
         self._spawner = Spawner()
 
-    def _start_agent(self, host: str) -> None:
+    def _agent_args(self, host: str) -> list[str]:
         assert self.coordinator is not None
-        command = shlex.join(self.config.command)
-        if not is_local_host(host):
-            print(
-                f"elastrain: start the agent for {host} there: ELASTRAIN_JOB_TOKEN={self.token} "
-                f"elastrain agent --coordinator {self.coordinator.address} --host {host} -- {command}",
-                file=sys.stderr,
-            )
-            return
-        env = dict(os.environ)
-        env.update(self.config.env)
-        env["ELASTRAIN_JOB_TOKEN"] = self.token
-        if self.config.ledger_dir is not None:
-            env["ELASTRAIN_LEDGER_DIR"] = str(self.config.ledger_dir)
-        argv = [
-            sys.executable,
-            "-m",
-            "elastrain.agent.agent",
+        args = [
             "--coordinator",
             self.coordinator.address,
             "--host",
@@ -150,8 +127,23 @@ class Launcher:
             str(self.config.max_restarts),
         ]
         if self.config.restart_mode:
-            argv.append("--restart-mode")
-        argv += ["--", *resolve_python(self.config.command)]
+            args.append("--restart-mode")
+        return [*args, "--", *self.config.command]
+
+    def _start_agent(self, host: str) -> None:
+        if not is_local_host(host):
+            print(
+                f"elastrain: start the agent for {host} there: ELASTRAIN_JOB_TOKEN={self.token} "
+                f"elastrain agent {shlex.join(self._agent_args(host))}",
+                file=sys.stderr,
+            )
+            return
+        env = dict(os.environ)
+        env.update(self.config.env)
+        env["ELASTRAIN_JOB_TOKEN"] = self.token
+        if self.config.ledger_dir is not None:
+            env["ELASTRAIN_LEDGER_DIR"] = str(self.config.ledger_dir)
+        argv = [sys.executable, "-m", "elastrain.agent.agent", *self._agent_args(host)]
         self.agents[host] = self._spawner.call(  # type: ignore[assignment]
             lambda: subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent())
         )

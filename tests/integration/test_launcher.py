@@ -105,3 +105,38 @@ def test_static_hosts_and_nproc_per_node(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("world=2 sum=2 restart=0") == 2
+
+
+def test_agent_started_by_hand_joins_as_a_remote_host(elastic_job, tmp_path: Path) -> None:
+    """A host that is not local gets the `elastrain agent` command line; running it joins the job."""
+    import os
+    import re
+    import shlex
+
+    from elastrain.hostfile import Host
+
+    script = tmp_path / "plain.py"
+    script.write_text(TORCHRUN_STYLE)
+    (tmp_path / "go").write_text("")
+    job = elastic_job(
+        [Host("127.0.0.2", 1), Host("node-b.invalid", 1)],
+        ["-np", "2"],
+        ["python", str(script), str(tmp_path / "go")],
+    )
+    job.watcher.wait("the agent command line", lambda: "elastrain agent --coordinator" in job.output(), 60)
+    line = next(x for x in job.output().splitlines() if "elastrain agent --coordinator" in x)
+    token = re.search(r"ELASTRAIN_JOB_TOKEN=(\S+)", line).group(1)
+    argv = shlex.split(line.split("elastrain agent", 1)[1])
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "elastrain", "agent", *argv],
+        env={**os.environ, "ELASTRAIN_JOB_TOKEN": token},
+        cwd=REPO,
+    )
+    try:
+        assert job.wait(timeout=120) == 0, job.output()
+        assert agent.wait(timeout=30) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert job.output().count("world=2 sum=2") == 1  # the local rank; the remote one printed to the agent
