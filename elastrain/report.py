@@ -37,77 +37,83 @@ def load_ledgers(ledger_dir: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def build_report(ledger_dir: Path, num_samples: int) -> dict[str, Any]:
-    """The report of the job whose ledger is in `ledger_dir`."""
+    """The report of the job (one or more runs, e.g. killed and resumed) whose ledger is in `ledger_dir`."""
     events = [e for e in _read_jsonl(ledger_dir / "events.jsonl") if e.get("event") == "generation"]
     ledgers = load_ledgers(ledger_dir)
-    start_of = {e["generation"]: int(e["start_step"]) for e in events}
-    numbers = sorted(start_of)
+    order = [(e.get("run", ""), e["generation"]) for e in events]
+    start_of = {(e.get("run", ""), e["generation"]): int(e["start_step"]) for e in events}
+    for records in ledgers.values():
+        for r in records:
+            if r["k"] == "g":  # written after the state sync: the step the generation really started from
+                start_of[(r.get("run", ""), r["g"])] = int(r["s"])
+    # a step is in the lineage when no later generation started from a step at or below it
+    next_start: dict[tuple[str, int], int] = {}
+    lowest_later: int | None = None
+    for key in reversed(order):
+        if lowest_later is not None:
+            next_start[key] = lowest_later
+        lowest_later = start_of[key] if lowest_later is None else min(lowest_later, start_of[key])
 
-    def in_lineage(g: int, s: int) -> bool:
-        later = [n for n in numbers if n > g]
-        return s < start_of[later[0]] if later else True
+    def in_lineage(key: tuple[str, int], s: int) -> bool:
+        return s < next_start[key] if key in next_start else True
 
-    committed: set[tuple[int, int]] = set()
-    commit_times: dict[int, list[float]] = defaultdict(list)
+    committed: set[tuple[str, int, int]] = set()
+    commit_times: dict[tuple[str, int], list[float]] = defaultdict(list)
+    lost: Counter[tuple[str, int]] = Counter()
     for records in ledgers.values():
         for r in records:
             if r["k"] == "c":
-                commit_times[r["g"]].append(r["t"])
-                if in_lineage(r["g"], r["s"]):
-                    committed.add((r["g"], r["s"]))
+                key = (r.get("run", ""), r["g"])
+                commit_times[key].append(r["t"])
+                if in_lineage(key, r["s"]):
+                    committed.add((*key, r["s"]))
+                else:
+                    lost[key] += 1
 
     epoch_counts: dict[int, Counter[int]] = defaultdict(Counter)
-    per_gen_worker: dict[int, Counter[str]] = defaultdict(Counter)
-    replayed: Counter[int] = Counter()
-    pids: dict[str, set[int]] = defaultdict(set)
+    per_gen_worker: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+    replayed: Counter[tuple[str, int]] = Counter()
+    pids: dict[tuple[str, str], set[int]] = defaultdict(set)
     for worker, records in ledgers.items():
         for r in records:
+            run = r.get("run", "")
             if r["k"] == "g":
-                pids[r.get("w", worker)].add(int(r["pid"]))
+                pids[(run, r.get("w", worker))].add(int(r["pid"]))
             elif r["k"] == "p":
-                if (r["g"], r["s"]) in committed:
+                if (run, r["g"], r["s"]) in committed:
                     epoch_counts[r["e"]].update(r["i"])
-                    per_gen_worker[r["g"]][worker] += len(r["i"])
+                    per_gen_worker[(run, r["g"])][worker] += len(r["i"])
                 else:
-                    replayed[r["g"]] += len(r["i"])
+                    replayed[(run, r["g"])] += len(r["i"])
 
     generations = []
-    previous_last_commit: float | None = None
+    world_of = {(e.get("run", ""), e["generation"]): max(1, int(e["world_size"])) for e in events}
+    previous: tuple[str, int] | None = None
     for e in events:
-        g = e["generation"]
-        times = sorted(commit_times.get(g, []))
-        first = times[0] if times else None
+        key = (e.get("run", ""), e["generation"])
+        times = sorted(commit_times.get(key, []))
         pause = 0.0
-        if previous_last_commit is not None and first is not None:
-            pause = max(0.0, first - previous_last_commit)
-        steps = sum(1 for (gg, _) in committed if gg == g)
-        lost = (
-            sum(
-                1
-                for r in ledgers.values()
-                for x in r
-                if x["k"] == "c" and x["g"] == g - 1 and not in_lineage(x["g"], x["s"])
-            )
-            if g > 0
-            else 0
-        )
+        if previous is not None and times and commit_times.get(previous):
+            pause = max(0.0, times[0] - max(commit_times[previous]))
         generations.append(
             {
-                "generation": g,
+                "run": key[0],
+                "generation": key[1],
                 "world_size": e["world_size"],
                 "cause": e["cause"],
-                "steps": steps,
-                "start_step": e["start_step"],
+                "steps": sum(1 for c in committed if c[:2] == key),
+                "start_step": start_of[key],
                 "pause_s": round(pause, 3),
                 "detect_to_formed_s": round(e["formed_at"] - e["requested_at"], 3),
-                "samples_per_worker": dict(sorted(per_gen_worker[g].items())),
+                "samples_per_worker": dict(sorted(per_gen_worker[key].items())),
                 "members": e["members"],
-                "steps_lost": lost,
-                "samples_replayed": replayed[g - 1] if g > 0 else 0,
+                # steps the previous generation committed but rolled back, and in-flight samples redone
+                "steps_lost": -(-lost[previous] // world_of[previous]) if previous else 0,
+                "samples_replayed": replayed[previous] if previous else 0,
             }
         )
         if times:
-            previous_last_commit = times[-1]
+            previous = key
 
     epochs = []
     for epoch in sorted(epoch_counts):
@@ -123,12 +129,15 @@ def build_report(ledger_dir: Path, num_samples: int) -> dict[str, Any]:
             }
         )
     first_members = {m["worker_id"]: m["pid"] for g in events[:1] for m in g["members"]}
-    unchanged = all(pids.get(w, {pid}) == {pid} for w, pid in first_members.items())
+    first_run = events[0].get("run", "") if events else ""
+    unchanged = all(pids.get((first_run, w), {pid}) == {pid} for w, pid in first_members.items())
     return {
         "generations": generations,
         "epochs": epochs,
         "surviving_worker_pids_unchanged": unchanged and all(len(p) == 1 for p in pids.values()),
-        "worker_pids": {w: sorted(p) for w, p in sorted(pids.items())},
+        "worker_pids": {
+            f"{w}" if not run else f"{run}/{w}": sorted(p) for (run, w), p in sorted(pids.items())
+        },
     }
 
 

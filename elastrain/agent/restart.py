@@ -43,7 +43,7 @@ def generation_env(generation: Generation, worker_id: str, local_rank: int) -> d
         "LOCAL_RANK": str(local_rank),
         "LOCAL_WORLD_SIZE": str(local_world),
         "GROUP_RANK": str(rank),
-        "MASTER_ADDR": master.host,
+        "MASTER_ADDR": master.address or master.host,
         "MASTER_PORT": str(master.port),
         "TORCHELASTIC_RESTART_COUNT": str(generation.number),
         "TORCHELASTIC_RUN_ID": "elastrain",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from elastrain.errors import ConfigError
 from elastrain.launcher.hosts import HostSource
-from elastrain.procutil import Spawner, die_with_parent, resolve_python
+from elastrain.procutil import Spawner, die_with_parent
 from elastrain.rendezvous.coordinator import Coordinator, CoordinatorConfig
 
 log = logging.getLogger("elastrain.run")
@@ -111,6 +111,7 @@ class Launcher:
     def __init__(self, config: LaunchConfig) -> None:
         self.config = config
         self.token = secrets.token_hex(16)
+        self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{self.token[:6]}"
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
         self.coordinator: Coordinator | None = None
@@ -141,6 +142,7 @@ class Launcher:
         env = dict(os.environ)
         env.update(self.config.env)
         env["ELASTRAIN_JOB_TOKEN"] = self.token
+        env["ELASTRAIN_RUN_ID"] = self.run_id
         if self.config.ledger_dir is not None:
             env["ELASTRAIN_LEDGER_DIR"] = str(self.config.ledger_dir)
         argv = [sys.executable, "-m", "elastrain.agent.agent", *self._agent_args(host)]
@@ -172,6 +174,7 @@ class Launcher:
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
             max_restarts=self.config.max_restarts,
             events_path=(self.config.ledger_dir / "events.jsonl") if self.config.ledger_dir else None,
+            run_id=self.run_id,
         )
         self.coordinator = Coordinator(
             coord_config,

@@ -41,6 +41,7 @@ class Member:
     pid: int
     committed_step: int
     port: int = 0  # a free port on the member's host (restart mode: rank 0's becomes MASTER_PORT)
+    address: str = ""  # the IP its connection came from: reachable even when `host` does not resolve
 
 
 @dataclass(frozen=True)

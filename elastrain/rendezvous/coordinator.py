@@ -46,6 +46,7 @@ class CoordinatorConfig:
     heartbeat_timeout_s: float = 30.0
     max_restarts: int = 3  # respawns allowed to get back to min_np after failures
     events_path: Path | None = None
+    run_id: str = ""
 
 
 @dataclass
@@ -61,6 +62,7 @@ class WorkerRecord:
     join_request: Message | None = None
     committed_step: int = -1
     port: int = 0
+    address: str = ""
     last_seen: float = field(default_factory=time.monotonic)
     since: float = field(default_factory=time.monotonic)
 
@@ -189,6 +191,7 @@ class Coordinator:
                 peer.reply(msg, ok=False, error=f"worker {wid} is {worker.state.value}")
                 return
             worker.peer = peer
+            worker.address = peer.address
             worker.pid = int(msg.get("pid", 0))
             worker.last_seen = time.monotonic()
             peer.reply(msg, ok=True)
@@ -439,7 +442,9 @@ class Coordinator:
         sync = bool(joiners) or any(s != best for s in steps) or number == 0
         generation = Generation(
             number=number,
-            members=tuple(Member(w.worker_id, w.host, w.pid, w.committed_step, w.port) for w in chosen),
+            members=tuple(
+                Member(w.worker_id, w.host, w.pid, w.committed_step, w.port, w.address) for w in chosen
+            ),
             cause=cause,
             store_address=self.store_address,
             src_rank=src,
@@ -468,6 +473,7 @@ class Coordinator:
         log.info("generation %d formed: %d workers (%s)", number, len(chosen), cause.value)
 
     def _record(self, record: dict[str, Any]) -> None:
+        record["run"] = self.config.run_id
         self.history.append(record)
         if self.config.events_path is not None:
             with open(self.config.events_path, "a") as f:

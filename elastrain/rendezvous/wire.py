@@ -247,6 +247,10 @@ class Peer:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.info: Message = {}
+        try:
+            self.address = str(conn.sock.getpeername()[0])
+        except OSError:
+            self.address = ""
 
     def reply(self, request: Message, **fields: Any) -> bool:
         """Answer `request` (matched by its id)."""

@@ -17,9 +17,15 @@ class LaunchContext:
     host: str = "127.0.0.1"
     local_rank: int = 0
     ledger_dir: Path | None = None
+    run_id: str = ""
     backend: str = ""
     collective_timeout_s: float = 60.0
     heartbeat_s: float = 1.0
+    checkpoint_dir: Path | None = None
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_seconds: float | None = None
+    checkpoint_keep: int = 3
+    resume_from: Path | None = None  # resolved by the launcher: a verified checkpoint, or None
 
     @property
     def managed(self) -> bool:
@@ -31,6 +37,10 @@ class LaunchContext:
         """Read the context from the environment the agent set."""
         env = dict(os.environ if environ is None else environ)
         ledger = env.get("ELASTRAIN_LEDGER_DIR", "")
+        ckpt = env.get("ELASTRAIN_CHECKPOINT_DIR", "")
+        every = env.get("ELASTRAIN_CHECKPOINT_EVERY", "")
+        interval = env.get("ELASTRAIN_CHECKPOINT_INTERVAL", "")
+        resume = env.get("ELASTRAIN_RESUME_FROM", "")
         return cls(
             coordinator=env.get("ELASTRAIN_COORDINATOR", ""),
             token=env.get("ELASTRAIN_JOB_TOKEN", ""),
@@ -38,7 +48,13 @@ class LaunchContext:
             host=env.get("ELASTRAIN_HOST", "127.0.0.1"),
             local_rank=int(env.get("ELASTRAIN_LOCAL_RANK", env.get("LOCAL_RANK", "0"))),
             ledger_dir=Path(ledger) if ledger else None,
+            run_id=env.get("ELASTRAIN_RUN_ID", ""),
             backend=env.get("ELASTRAIN_BACKEND", ""),
             collective_timeout_s=float(env.get("ELASTRAIN_COLLECTIVE_TIMEOUT", "60")),
             heartbeat_s=float(env.get("ELASTRAIN_HEARTBEAT_INTERVAL", "1")),
+            checkpoint_dir=Path(ckpt) if ckpt else None,
+            checkpoint_every_steps=int(every) if every else None,
+            checkpoint_every_seconds=float(interval) if interval else None,
+            checkpoint_keep=int(env.get("ELASTRAIN_CHECKPOINT_KEEP", "3")),
+            resume_from=Path(resume) if resume else None,
         )

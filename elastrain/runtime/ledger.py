@@ -19,8 +19,9 @@ from typing import Any
 class Ledger:
     """Append-only record of one worker's steps; a no-op when no directory is configured."""
 
-    def __init__(self, directory: Path | None, worker_id: str) -> None:
+    def __init__(self, directory: Path | None, worker_id: str, run_id: str = "") -> None:
         self._file = None
+        self.run_id = run_id
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
             safe = worker_id.replace("/", "_")
@@ -35,10 +36,11 @@ class Ledger:
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
             record["t"] = time.time()
+            record["run"] = self.run_id
             self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     def generation(self, generation: int, rank: int, world_size: int, start_step: int, cause: str) -> None:
-        """This worker entered `generation` as `rank`."""
+        """This worker entered `generation` as `rank`, with the state of committed step `start_step`."""
         self._write(
             {
                 "k": "g",

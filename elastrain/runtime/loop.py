@@ -43,7 +43,7 @@ class Runtime:
         self.groups: GroupManager = GroupManager(
             context.backend, context.collective_timeout_s, context.local_rank
         )
-        self.ledger = Ledger(context.ledger_dir, context.worker_id)
+        self.ledger = Ledger(context.ledger_dir, context.worker_id, context.run_id)
         self.generation: Generation | None = None
         self.rank = 0
         self.world_size = 1
@@ -74,10 +74,6 @@ class Runtime:
         self.world_size = generation.world_size
         self.groups.build(generation, self.rank)
         self.group_valid = True
-        start_step = generation.members[generation.src_rank].committed_step
-        self.ledger.generation(
-            generation.number, self.rank, self.world_size, start_step, generation.cause.value
-        )
 
     def invalidate(self) -> None:
         """The group is no longer usable (a resize is due or a peer died)."""
@@ -104,7 +100,10 @@ class Runtime:
 
     def fail(self, exc: BaseException) -> None:
         """An ordinary exception in the user's code: report it once, then exit non-zero."""
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        if isinstance(exc, ElastrainError):  # our own errors say what to do: no traceback
+            text = f"{type(exc).__name__}: {exc}"
+        else:
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         if self.rendezvous is None:
             raise exc
         self.rendezvous.report_error(text)
@@ -203,6 +202,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     raise
                 rt.fail(exc)
                 raise
+            state.finish_checkpoints(rt)
             rt.finish()
             return result
 

@@ -11,6 +11,13 @@ import torch
 import torch.distributed as dist
 
 from elastrain.errors import ConfigError, HostsUpdatedInterrupt
+from elastrain.runtime.checkpoint import (
+    Checkpointer,
+    CheckpointPolicy,
+    CheckpointStats,
+    check_model_matches,
+    load_checkpoint,
+)
 from elastrain.runtime.data import BatchPolicy, ElasticSampler
 
 if TYPE_CHECKING:
@@ -47,6 +54,8 @@ class State:
         self._last_world = 0
         self._runtime: Runtime | None = None
         self._agreed_pending: bool | None = None
+        self._checkpointer: Checkpointer | None = None
+        self._resumed = False
         if sampler is not None:
             sampler.bind(self._rank_and_world)
 
@@ -144,6 +153,8 @@ class State:
             rt.ledger.committed(rt.generation.number, epoch, self.step, rt.world_size)
         self.step += 1
         self._committed_counters = self._counters()
+        if self._checkpointer is not None and rt.rank == 0 and self._checkpointer.due(self.step):
+            self._checkpointer.save(self.state_dict(), rt.world_size)
         pending = self._agreed_pending
         self._agreed_pending = None
         if pending is None:
@@ -190,9 +201,16 @@ class State:
     def sync(self, rt: Runtime) -> None:
         """Bring every rank of a new generation to the state of the most advanced member."""
         self._runtime = rt
+        self._setup_checkpoints(rt)
         generation = rt.generation
-        if generation is None or rt.synced_generation == generation.number:
+        if generation is None:
+            if rt.synced_generation == 0 and not self._resumed:  # a plain script: world of one
+                self._resume(rt)
             return
+        if rt.synced_generation == generation.number:
+            return
+        if rt.rank == generation.src_rank and generation.members[generation.src_rank].committed_step <= 0:
+            self._resume(rt)  # a fresh job: the source loads the checkpoint, the broadcast spreads it
         if generation.sync_state and generation.world_size > 1:
             device = rt.groups.device
             if rt.rank == generation.src_rank:
@@ -210,6 +228,7 @@ class State:
                 data = io.BytesIO(payload.cpu().numpy().tobytes())
                 self.load_state_dict(torch.load(data, weights_only=False))
         rt.synced_generation = generation.number
+        rt.ledger.generation(generation.number, rt.rank, rt.world_size, self.step, generation.cause.value)
         if self.sampler is not None:
             self.sampler.reset()
         old, new = self._last_world, rt.world_size
@@ -217,6 +236,45 @@ class State:
         if old and old != new:
             for hook in self._resize_hooks:
                 hook(old, new)
+
+    # ----- durable checkpoints -------------------------------------------------------------------
+    def _setup_checkpoints(self, rt: Runtime) -> None:
+        ctx = rt.context
+        if self._checkpointer is None and ctx.checkpoint_dir is not None:
+            self._checkpointer = Checkpointer(
+                CheckpointPolicy(
+                    ctx.checkpoint_dir,
+                    ctx.checkpoint_every_steps,
+                    ctx.checkpoint_every_seconds,
+                    ctx.checkpoint_keep,
+                )
+            )
+
+    def _resume(self, rt: Runtime) -> None:
+        self._resumed = True
+        path = rt.context.resume_from
+        if path is None:
+            return
+        saved = load_checkpoint(path)
+        if self.model is not None:
+            check_model_matches(self.model.state_dict(), saved, path)
+        self.load_state_dict(saved)
+        if self._checkpointer is not None:
+            self._checkpointer._last_step = self.step
+        print(f"elastrain: resumed from {path} at step {self.step}", flush=True)
+
+    def finish_checkpoints(self, rt: Runtime) -> None:
+        """Training ended on this rank: rank 0 writes a final checkpoint and waits for it."""
+        if self._checkpointer is None:
+            return
+        if rt.rank == 0:
+            self._checkpointer.save(self.state_dict(), rt.world_size, background=False)
+        self._checkpointer.wait()
+
+    @property
+    def checkpoint_stats(self) -> CheckpointStats | None:
+        """Stall and write times of the saves so far (None without checkpointing)."""
+        return self._checkpointer.stats if self._checkpointer is not None else None
 
     def _require_runtime(self) -> Runtime:
         if self._runtime is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.jobs import EXAMPLE, assert_exactly_once, hosts
+from tests.integration.jobs import EXAMPLE, ElasticJob, assert_exactly_once, hosts
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -142,3 +143,25 @@ def test_fixed_batch_trajectory_2_4_3_2_matches_constant_world(
     assert [g["world_size"] for g in report["generations"]] == [2, 4, 3, 2]
     assert_exactly_once(report, EPOCHS)
     assert_same_params(reference_params, tmp_path / "p.pt")
+
+
+def test_kill_everything_then_resume_from_checkpoint(elastic_job, tmp_path, reference_params) -> None:
+    """SIGKILL the launcher, agents and workers; a new run resumes from the newest durable checkpoint."""
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "20"]
+    first = elastic_job(hosts(2), ["-np", "2", *ckpt], example(tmp_path / "p.pt"), name="first")
+    first.wait_world(2, 200)
+    for pid in first.known_pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    first.wait()
+
+    second = ElasticJob(first.workdir, hosts(2), ["-np", "2", *ckpt], example(tmp_path / "p.pt"))
+    try:
+        assert second.wait() == 0, second.output()
+        assert "resumed from" in second.output()
+        report = second.report()
+        assert len({g["run"] for g in report["generations"]}) == 2
+        assert_exactly_once(report, EPOCHS)
+        assert_same_params(reference_params, tmp_path / "p.pt")
+    finally:
+        second.cleanup()

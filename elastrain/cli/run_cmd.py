@@ -1,0 +1,108 @@
+"""`elastrain run`: the flags (horovodrun/torchrun-compatible) and their validation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from elastrain.errors import ElastrainError
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `elastrain run`."""
+    p = sub.add_parser("run", help="launch an elastic training job (horovodrun/torchrun-style flags)")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of workers to start")
+    p.add_argument("--min-np", type=int, help="fewest workers the job may run with")
+    p.add_argument("--max-np", type=int, help="most workers the job may grow to")
+    p.add_argument("-H", "--hosts", dest="host_list", help="static hosts: host1:slots,host2:slots")
+    p.add_argument("--hostfile", help="hostfile ('host slots=N' lines); watched: edits resize the job")
+    p.add_argument("--host-discovery-script", help="prints 'host:slots' lines; polled for changes")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, help="slots per host (torchrun users)")
+    p.add_argument("--ledger", type=Path, help="directory for the exactly-once ledger and generation events")
+    p.add_argument("--coordinator-host", default="127.0.0.1", help="address the coordinator listens on")
+    p.add_argument("--coordinator-port", type=int, default=0, help="port for the coordinator (0: any)")
+    p.add_argument("--join-grace", type=float, default=5.0, help="seconds to wait for more new workers")
+    p.add_argument(
+        "--heartbeat-timeout", type=float, default=30.0, help="seconds before a silent worker is out"
+    )
+    p.add_argument("--elastic-timeout", type=float, default=60.0, help="seconds allowed below --min-np")
+    p.add_argument(
+        "--start-timeout", type=float, default=120.0, help="seconds for the first workers to start"
+    )
+    p.add_argument("--max-restarts", type=int, default=3, help="respawns allowed to get back to --min-np")
+    p.add_argument("--checkpoint-dir", type=Path, help="durable checkpoints go here (the cluster's storage)")
+    p.add_argument("--checkpoint-every", type=int, help="checkpoint every N steps (default 100)")
+    p.add_argument("--checkpoint-interval", type=float, help="also checkpoint every S seconds")
+    p.add_argument("--checkpoint-keep", type=int, default=3, help="how many checkpoints to keep")
+    p.add_argument(
+        "--resume",
+        default="auto",
+        help="auto: the newest valid checkpoint in --checkpoint-dir, if any; never; or a checkpoint path",
+    )
+    p.add_argument(
+        "--mode",
+        choices=["auto", "native", "restart"],
+        default="auto",
+        help="native: the script uses elastrain (live resize); restart: a torchrun-style script "
+        "restarted on each change; auto: native if the script imports elastrain",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log the coordinator's decisions")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
+
+
+def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
+    """Validate the checkpoint flags and turn them into the workers' environment."""
+    from elastrain.runtime.checkpoint import resolve_resume
+
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ElastrainError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
+    if args.checkpoint_keep < 1:
+        raise ElastrainError(f"--checkpoint-keep must be >= 1, got {args.checkpoint_keep}")
+    env: dict[str, str] = {}
+    if args.checkpoint_dir is not None:
+        if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+            raise ElastrainError(f"--checkpoint-dir {args.checkpoint_dir} is a file; give a directory")
+        env["ELASTRAIN_CHECKPOINT_DIR"] = str(args.checkpoint_dir.resolve())
+        env["ELASTRAIN_CHECKPOINT_EVERY"] = str(args.checkpoint_every or 100)
+        env["ELASTRAIN_CHECKPOINT_KEEP"] = str(args.checkpoint_keep)
+        if args.checkpoint_interval:
+            env["ELASTRAIN_CHECKPOINT_INTERVAL"] = str(args.checkpoint_interval)
+    resume = resolve_resume(args.resume, args.checkpoint_dir)
+    if resume is not None:
+        env["ELASTRAIN_RESUME_FROM"] = str(resume.resolve())
+        print(f"elastrain: will resume from {resume}", file=sys.stderr)
+    return env
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run `elastrain run` with parsed flags; returns the exit code."""
+    from elastrain.launcher.hosts import make_host_source
+    from elastrain.launcher.run import LaunchConfig, Launcher, check_command, uses_elastrain
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    check_command(command)
+    if args.max_restarts < 0:
+        raise ElastrainError("--max-restarts must be >= 0")
+    env = checkpoint_env(args)
+    source = make_host_source(
+        args.host_list, args.hostfile, args.host_discovery_script, args.nproc_per_node, args.np
+    )
+    config = LaunchConfig(
+        command=command,
+        hosts=source,
+        np=args.np,
+        min_np=args.min_np,
+        max_np=args.max_np,
+        ledger_dir=args.ledger,
+        coordinator_host=args.coordinator_host,
+        coordinator_port=args.coordinator_port,
+        join_grace_s=args.join_grace,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        elastic_timeout_s=args.elastic_timeout,
+        start_timeout_s=args.start_timeout,
+        max_restarts=args.max_restarts,
+        restart_mode=args.mode == "restart" or (args.mode == "auto" and not uses_elastrain(command)),
+        env=env,
+    )
+    return Launcher(config).run()
