@@ -143,6 +143,8 @@ class Launcher:
         env.update(self.config.env)
         env["ELASTRAIN_JOB_TOKEN"] = self.token
         env["ELASTRAIN_RUN_ID"] = self.run_id
+        # a collective stuck on a hung peer gives up within the same bound the coordinator uses
+        env.setdefault("ELASTRAIN_COLLECTIVE_TIMEOUT", str(self.config.heartbeat_timeout_s))
         if self.config.ledger_dir is not None:
             env["ELASTRAIN_LEDGER_DIR"] = str(self.config.ledger_dir)
         argv = [sys.executable, "-m", "elastrain.agent.agent", *self._agent_args(host)]

@@ -243,6 +243,15 @@ class Coordinator:
             peer.reply(msg, outcome="job_over", reason=self.outcome.message)
             return
         worker.join_request = msg
+        if worker.state == WorkerState.DEAD and worker.peer is peer:
+            # Declared dead (missed heartbeats) but back: fenced out of the generation it was in; it may
+            # join the next one as a newcomer, and its state is never used as the source.
+            log.warning(
+                "worker %s is back after being declared dead; it rejoins as a newcomer", worker.worker_id
+            )
+            worker.state = WorkerState.STARTING
+            worker.committed_step = -1
+            self._quota[worker.host] = self._quota.get(worker.host, 0) + 1
         if worker.state == WorkerState.STARTING:
             worker.state = WorkerState.WAITING
             worker.since = time.monotonic()
@@ -381,7 +390,7 @@ class Coordinator:
         waiting = self._waiting()
         enough = len(waiting) >= min(self.config.initial_np, self.config.max_np)
         settled = len(waiting) >= self.config.min_np and (
-            not self._starting() or time.monotonic() - self._started_at > self.config.join_grace_s
+            not self._starting() or time.monotonic() - waiting[0].since > self.config.join_grace_s
         )
         if enough or settled:
             self._form(Cause.START, [], waiting[: self.config.max_np])

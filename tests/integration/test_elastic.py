@@ -165,3 +165,28 @@ def test_kill_everything_then_resume_from_checkpoint(elastic_job, tmp_path, refe
         assert_same_params(reference_params, tmp_path / "p.pt")
     finally:
         second.cleanup()
+
+
+def test_hung_worker_is_fenced_by_heartbeats_and_rejoins(elastic_job, tmp_path, reference_params) -> None:
+    """SIGSTOP: removed after missed heartbeats; after SIGCONT it is fenced, then rejoins as a newcomer."""
+    job = elastic_job(
+        hosts(3),
+        ["--min-np", "2", "--max-np", "3", "--heartbeat-timeout", "3", "--join-grace", "1"],
+        example(tmp_path / "p.pt", sleep=0.02),
+    )
+    gen = job.wait_world(3, 20)
+    hung = gen["members"][-1]
+    os.kill(hung["pid"], signal.SIGSTOP)
+    try:
+        shrunk = job.wait_world(2, 5)
+    finally:
+        os.kill(hung["pid"], signal.SIGCONT)
+    assert hung["worker_id"] not in member_pids(shrunk)
+    back = job.wait_world(3, 5)
+    assert member_pids(back)[hung["worker_id"]] == hung["pid"]  # the same process, fenced then readmitted
+    assert job.wait() == 0, job.output()
+    report = job.report()
+    causes = [g["cause"] for g in report["generations"]]
+    assert causes[causes.index("heartbeat_loss") + 1] == "scale_out", causes
+    assert_exactly_once(report, EPOCHS)
+    assert_same_params(reference_params, tmp_path / "p.pt")
