@@ -216,6 +216,7 @@ class Launcher:
 
     def _finish(self) -> int:
         assert self.coordinator is not None
+        print(f"elastrain: generations of this run\n{self.coordinator.incidents.summary()}", file=sys.stderr)
         outcome = self.coordinator.outcome
         if outcome is None:
             return 130

@@ -121,6 +121,10 @@ class Rendezvous(abc.ABC):
         """True when the coordinator has announced a new generation. Must be nearly free to call."""
 
     @abc.abstractmethod
+    def report_first_step(self, generation: int, at: float) -> None:
+        """Rank 0 completed the first step of `generation` at time `at`."""
+
+    @abc.abstractmethod
     def request_leave(self) -> None:
         """Ask to leave gracefully at the next commit (SIGTERM)."""
 

@@ -66,6 +66,10 @@ class CoordinatorRendezvous(Rendezvous):
             raise RendezvousError(f"coordinator admitted {self.worker_id} to a generation without it")
         return JoinResult(outcome, generation)
 
+    def report_first_step(self, generation: int, at: float) -> None:
+        """Rank 0 completed the first step of `generation` (the coordinator's recovery time)."""
+        self._rpc.notify("progress", generation=generation, at=at)
+
     def request_leave(self) -> None:
         """Ask to leave at the next commit (from a signal handler: never blocks)."""
         self._rpc.notify("leave")

@@ -19,6 +19,7 @@ from typing import Any
 
 from elastrain.hostfile import Hostfile
 from elastrain.rendezvous.api import Cause, Generation, Member, WorkerState
+from elastrain.rendezvous.incidents import Incident, IncidentLog
 from elastrain.rendezvous.wire import Message, Peer, RpcServer
 
 log = logging.getLogger("elastrain.coordinator")
@@ -107,6 +108,8 @@ class Coordinator:
         self._started_at = time.monotonic()
         self._incarnations: dict[tuple[str, int], int] = {}
         self.history: list[dict[str, Any]] = []
+        self.incidents = IncidentLog()
+        self._fault_at: float | None = None
         self.server = RpcServer(bind_host, port, token, self._on_message, self._on_close)
         self.address = self.server.address
         self._stop = threading.Event()
@@ -202,6 +205,13 @@ class Coordinator:
         worker = self.workers.get(peer.info.get("worker_id", ""))
         if worker is not None:
             worker.last_seen = time.monotonic()
+
+    def _handle_progress(self, peer: Peer, msg: Message) -> None:
+        incident = self.incidents.first_step(
+            int(msg.get("generation", -1)), float(msg.get("at", time.time()))
+        )
+        if incident is not None:
+            self._record({"event": "incident", **incident.to_dict()})
 
     def _handle_worker_started(self, peer: Peer, msg: Message) -> None:
         worker = self.workers.get(str(msg.get("worker_id")))
@@ -468,6 +478,20 @@ class Coordinator:
             if w.peer is not None and w.join_request is not None:
                 w.peer.reply(w.join_request, outcome="admitted", generation=wire)
             w.join_request = None
+        previous_max = max((w.committed_step for w in stay), default=best)
+        self.incidents.add(
+            Incident(
+                number,
+                cause,
+                len(chosen),
+                self._fault_at or requested,
+                requested,
+                time.time(),
+                best,
+                max(0, previous_max - best),
+            )
+        )
+        self._fault_at = None
         record = {
             "event": "generation",
             "generation": number,
@@ -518,6 +542,7 @@ class Coordinator:
                         log.warning(
                             "worker %s missed heartbeats for %.0fs", worker.worker_id, now - worker.last_seen
                         )
+                        self._fault_at = time.time() - (now - worker.last_seen)
                         self._mark_dead(worker, Cause.HEARTBEAT_LOSS)
                         if worker.peer is not None:
                             worker.peer.push("fenced", reason="missed heartbeats")

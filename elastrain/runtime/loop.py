@@ -49,6 +49,7 @@ class Runtime:
         self.world_size = 1
         self.group_valid = not context.managed
         self.synced_generation: int | None = None if context.managed else 0
+        self.reported_generation: int | None = None
 
     # ----- membership ---------------------------------------------------------------------------
     def pending(self) -> bool:

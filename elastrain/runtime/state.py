@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -151,6 +152,10 @@ class State:
         if rt.generation is not None:
             epoch = step.epoch if step is not None else getattr(self, "epoch", 0)
             rt.ledger.committed(rt.generation.number, epoch, self.step, rt.world_size)
+            if rt.reported_generation != rt.generation.number:
+                rt.reported_generation = rt.generation.number
+                if rt.rank == 0 and rt.rendezvous is not None:
+                    rt.rendezvous.report_first_step(rt.generation.number, time.time())
         self.step += 1
         self._committed_counters = self._counters()
         if self._checkpointer is not None and rt.rank == 0 and self._checkpointer.due(self.step):
