@@ -12,69 +12,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from elastrain.chaos.job import JobWatcher
 from elastrain.errors import ConfigError
 from elastrain.hostfile import Host, write_hostfile
-from elastrain.report import build_report, format_report, load_ledgers
+from elastrain.report import build_report, format_report
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_elastic.py"
 HOSTS = [f"127.0.0.{i}" for i in range(2, 6)]
 TRAIN_SAMPLES = 10_000
-
-
-class JobWatcher:
-    """Reads a running job's ledger and events as they grow."""
-
-    def __init__(self, ledger_dir: Path, proc: subprocess.Popen[bytes]) -> None:
-        self.dir = ledger_dir
-        self.proc = proc
-
-    def generations(self) -> list[dict[str, Any]]:
-        path = self.dir / "events.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if record.get("event") == "generation":
-                out.append(record)
-        return out
-
-    def commits_in(self, generation: int) -> int:
-        steps: set[int] = set()
-        for records in load_ledgers(self.dir).values():
-            steps.update(r["s"] for r in records if r["k"] == "c" and r["g"] == generation)
-        return len(steps)
-
-    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if self.proc.poll() is not None:
-                raise ConfigError(f"the job ended before {what}; see its output above")
-            if time.monotonic() > deadline:
-                raise ConfigError(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(0.1)
-
-    def wait_world(self, world: int, steps: int) -> dict[str, Any]:
-        """Wait for a generation of `world` workers that has committed `steps` steps; return it."""
-        found: dict[str, Any] = {}
-
-        def ready() -> bool:
-            gens = self.generations()
-            if gens and gens[-1]["world_size"] == world and self.commits_in(gens[-1]["generation"]) >= steps:
-                found.update(gens[-1])
-                return True
-            return False
-
-        self.wait(f"{steps} steps at world size {world}", ready)
-        return found
 
 
 def _say(text: str) -> None:

@@ -104,7 +104,8 @@ def parse_host_list(spec: str) -> Hostfile:
     for item in (s.strip() for s in spec.split(",")):
         if not item:
             continue
-        name, sep, slots_text = item.rpartition(":") if item.count(":") == 1 else (item, "", "")
+        has_slots = item.count(":") == 1 or (item.startswith("[") and "]:" in item)  # [v6-addr]:SLOTS
+        name, sep, slots_text = item.rpartition(":") if has_slots else (item, "", "")
         if not sep:
             name, slots = item, 1
         else:

@@ -78,9 +78,10 @@ def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run `elastrain run` with parsed flags; returns the exit code."""
     from elastrain.launcher.hosts import make_host_source
-    from elastrain.launcher.run import LaunchConfig, Launcher, check_command, uses_elastrain
+    from elastrain.launcher.run import LaunchConfig, Launcher, check_command, check_sizes, uses_elastrain
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    check_sizes(args.np, args.min_np, args.max_np)  # flag mistakes first: they need no file system
     check_command(command)
     if args.max_restarts < 0:
         raise ElastrainError("--max-restarts must be >= 0")

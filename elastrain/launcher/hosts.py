@@ -84,7 +84,7 @@ class DiscoveryScript(HostSource):
         for line in out.splitlines():
             line = line.strip()
             if line and not line.startswith("#"):
-                name, _, slots = line.partition(":")
+                name, _, slots = line.rpartition(":") if ":" in line else (line, "", "")
                 lines.append(f"{name} slots={slots or 1}")
         return parse_hostfile("\n".join(lines), f"output of {self.script}")
 

@@ -65,13 +65,18 @@ def check_command(command: list[str]) -> None:
         raise ConfigError(f"program {command[0]} does not exist; check the path")
 
 
-def resolve_sizes(np: int | None, min_np: int | None, max_np: int | None, slots: int) -> tuple[int, int, int]:
-    """(min, max, initial) from horovodrun semantics: -np alone is a fixed size."""
+def check_sizes(np: int | None, min_np: int | None, max_np: int | None) -> None:
+    """Refuse sizes that cannot work whatever the hosts: < 1, or --min-np above --max-np."""
     for name, value in (("-np", np), ("--min-np", min_np), ("--max-np", max_np)):
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be at least 1, got {value}")
     if min_np is not None and max_np is not None and min_np > max_np:
         raise ConfigError(f"--min-np {min_np} is larger than --max-np {max_np}; swap them or fix one")
+
+
+def resolve_sizes(np: int | None, min_np: int | None, max_np: int | None, slots: int) -> tuple[int, int, int]:
+    """(min, max, initial) from horovodrun semantics: -np alone is a fixed size."""
+    check_sizes(np, min_np, max_np)
     initial = np if np is not None else (min(max_np, slots) if max_np is not None else min_np or slots)
     lo = min_np if min_np is not None else (initial if max_np is None else 1)
     hi = max_np if max_np is not None else (initial if min_np is None else max(initial, slots))
@@ -154,12 +159,12 @@ class Launcher:
 
     def run(self) -> int:
         """Start everything, wait for the job to end, clean up; returns the exit code."""
-        import torch.distributed as dist
-
         hosts = self.config.hosts.read()
         lo, hi, initial = resolve_sizes(
             self.config.np, self.config.min_np, self.config.max_np, hosts.total_slots
         )
+        import torch.distributed as dist  # after the checks: bad input is refused without the import
+
         if self.config.ledger_dir is not None:
             self.config.ledger_dir.mkdir(parents=True, exist_ok=True)
         store = dist.TCPStore(

@@ -10,12 +10,15 @@ repeated, and the last uneven step is not padded.
 from __future__ import annotations
 
 import enum
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from elastrain.errors import ConfigError
+
+log = logging.getLogger("elastrain.sampler")
 
 
 class BatchPolicy(str, enum.Enum):
@@ -163,6 +166,14 @@ class ElasticSampler:
             raise ConfigError(
                 f"sampler state is for {state['num_samples']} samples, this dataset has {self.num_samples}"
             )
+        saved_seed = int(state.get("seed", self.seed))
+        if saved_seed != self.seed:
+            # the cursor only means something in the saved order: keep it, or samples would repeat or vanish
+            log.warning(
+                "sampler seed %d differs from the saved %d; using the saved one", self.seed, saved_seed
+            )
+            self.seed = saved_seed
+            self._perm = None
         self.epoch = int(state["epoch"])
         self.cursor = int(state["cursor"])
         self._committed = (self.epoch, self.cursor)

@@ -1,0 +1,194 @@
+"""Run real `elastrain run` jobs from code: start, watch the ledger and events, act, clean up every PID.
+
+Used by the demo, the chaos runner and the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from elastrain.errors import ConfigError
+from elastrain.hostfile import Host, write_hostfile
+from elastrain.report import build_report, load_ledgers
+
+
+class JobWatcher:
+    """Reads a running job's ledger and events as they grow."""
+
+    def __init__(self, ledger_dir: Path, proc: subprocess.Popen[bytes]) -> None:
+        self.dir = ledger_dir
+        self.proc = proc
+
+    def generations(self) -> list[dict[str, Any]]:
+        path = self.dir / "events.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("event") == "generation":
+                out.append(record)
+        return out
+
+    def commits_in(self, generation: int) -> int:
+        steps: set[int] = set()
+        for records in load_ledgers(self.dir).values():
+            steps.update(r["s"] for r in records if r["k"] == "c" and r["g"] == generation)
+        return len(steps)
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if self.proc.poll() is not None:
+                raise ConfigError(f"the job ended before {what}; see its output above")
+            if time.monotonic() > deadline:
+                raise ConfigError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.1)
+
+    def wait_world(self, world: int, steps: int) -> dict[str, Any]:
+        """Wait for a generation of `world` workers that has committed `steps` steps; return it."""
+        found: dict[str, Any] = {}
+
+        def ready() -> bool:
+            gens = self.generations()
+            if gens and gens[-1]["world_size"] == world and self.commits_in(gens[-1]["generation"]) >= steps:
+                found.update(gens[-1])
+                return True
+            return False
+
+        self.wait(f"{steps} steps at world size {world}", ready)
+        return found
+
+
+REPO = Path(__file__).resolve().parents[2]  # a checkout: the example lives beside the package
+EXAMPLE = REPO / "examples" / "mnist_elastic.py"
+TRAIN_SAMPLES = 10_000
+
+
+def hosts(n: int, first: int = 2) -> list[Host]:
+    """`n` single-slot loopback hosts 127.0.0.<first>..."""
+    return [Host(f"127.0.0.{i}", 1) for i in range(first, first + n)]
+
+
+class ElasticJob:
+    """One `elastrain run` of the example (or any command) in `workdir`."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        initial_hosts: list[Host],
+        run_args: list[str],
+        command: list[str],
+        fresh_log: bool = True,
+    ) -> None:
+        self.workdir = workdir
+        self.hostfile = workdir / "hostfile"
+        self.ledger = workdir / "ledger"
+        self.generation = 1
+        write_hostfile(self.hostfile, initial_hosts, self.generation)
+        argv = [
+            sys.executable,
+            "-m",
+            "elastrain",
+            "run",
+            "--hostfile",
+            str(self.hostfile),
+            "--ledger",
+            str(self.ledger),
+            *run_args,
+            *command,
+        ]
+        self.log = open(workdir / "job.log", "wb" if fresh_log else "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO
+        )
+        self.watcher = JobWatcher(self.ledger, self.proc)
+
+    def set_hosts(self, new_hosts: list[Host]) -> None:
+        """Rewrite the watched hostfile (atomically, next generation)."""
+        self.generation += 1
+        write_hostfile(self.hostfile, new_hosts, self.generation)
+
+    def wait_world(self, world: int, steps: int) -> dict[str, Any]:
+        """Wait for a generation of `world` workers with `steps` committed steps."""
+        return self.watcher.wait_world(world, steps)
+
+    def wait(self, timeout: float = 300) -> int:
+        """Wait for the job to end; return its exit code."""
+        return self.proc.wait(timeout=timeout)
+
+    def output(self) -> str:
+        """Everything the job printed so far."""
+        self.log.flush()
+        return (self.workdir / "job.log").read_text(errors="replace")
+
+    def events(self) -> list[dict[str, Any]]:
+        """All coordinator events."""
+        path = self.ledger / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def report(self) -> dict[str, Any]:
+        """The ledger-derived report."""
+        return build_report(self.ledger, TRAIN_SAMPLES)
+
+    def known_pids(self) -> set[int]:
+        """Every agent and worker PID the job recorded."""
+        pids = {self.proc.pid}
+        for event in self.events():
+            if event.get("event") == "agent":
+                pids.add(int(event["pid"]))
+            for member in event.get("members", []):
+                pids.add(int(member["pid"]))
+        return {p for p in pids if p > 0}
+
+    def cleanup(self) -> None:
+        """Stop the job and kill every process it started, by PID."""
+        pids = self.known_pids()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.log.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def assert_exactly_once(report: dict[str, Any], epochs: int) -> None:
+    """Every epoch consumed every training sample exactly once."""
+    assert [e["epoch"] for e in report["epochs"]] == list(range(epochs)), report["epochs"]
+    for e in report["epochs"]:
+        assert (e["samples"], e["duplicates"], e["missing"]) == (TRAIN_SAMPLES, 0, 0), e

@@ -1,0 +1,203 @@
+"""Run chaos scenarios against the example job and check what they promise.
+
+After each scenario: the job finished, every epoch consumed every sample exactly once, and the final
+parameters equal a fault-free run's (float64, plain SGD, the `fixed` batch policy) within 1e-5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from elastrain.chaos.job import EXAMPLE, ElasticJob, hosts
+from elastrain.chaos.scenarios import Fault, FaultKind, Scenario
+
+EPOCHS = 3
+TRAINING = ("--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05")
+TOLERANCE = 1e-5
+
+
+def example_command(params_out: Path, sleep: float = 0.01) -> list[str]:
+    """The example job every scenario runs."""
+    return [
+        "python",
+        str(EXAMPLE),
+        "--epochs",
+        str(EPOCHS),
+        "--step-sleep",
+        str(sleep),
+        *TRAINING,
+        "--params-out",
+        str(params_out),
+    ]
+
+
+def _committed_steps(job: ElasticJob) -> int:
+    gens = job.watcher.generations()
+    return job.watcher.commits_in(gens[-1]["generation"]) if gens else 0
+
+
+def _kill(pids: set[int] | list[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+class ChaosRunner:
+    """Runs scenarios in `workdir`; the fault-free reference run is made once and reused."""
+
+    def __init__(self, workdir: Path, log: Any = sys.stderr) -> None:
+        self.workdir = workdir
+        self.log = log
+        self._reference: dict[str, Any] | None = None
+
+    def say(self, text: str) -> None:
+        print(f"chaos: {text}", file=self.log, flush=True)
+
+    def reference(self) -> dict[str, Any]:
+        """Final parameters of a fault-free constant 2-worker run."""
+        if self._reference is None:
+            import torch
+
+            work = self.workdir / "reference"
+            work.mkdir(parents=True, exist_ok=True)
+            self.say("fault-free reference run")
+            job = ElasticJob(work, hosts(2), ["-np", "2"], example_command(work / "params.pt", sleep=0.0))
+            try:
+                if job.wait(timeout=600) != 0:
+                    raise RuntimeError(f"the reference run failed:\n{job.output()[-2000:]}")
+            finally:
+                job.cleanup()
+            self._reference = torch.load(work / "params.pt")
+        return self._reference
+
+    def run(self, scenario: Scenario) -> dict[str, Any]:
+        """Run one scenario; returns its figures and `passed`."""
+        reference = self.reference()
+        work = self.workdir / scenario.name
+        work.mkdir(parents=True, exist_ok=True)
+        params = work / "params.pt"
+        args = list(scenario.run_args)
+        if scenario.checkpoints:
+            args += ["--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", "20"]
+        self.say(f"{scenario.name}: starting")
+        job = ElasticJob(work, hosts(scenario.hosts), args, example_command(params))
+        jobs = [job]
+        fault_at = 0.0
+        try:
+            for fault in scenario.faults:
+                at = self._inject(job, fault, work)
+                fault_at = fault_at or at
+            if scenario.restart:
+                job.wait(timeout=60)
+                self.say(f"{scenario.name}: starting again with --resume auto")
+                job = ElasticJob(work, hosts(scenario.hosts), args, example_command(params), fresh_log=False)
+                jobs.append(job)
+            code = job.wait(timeout=600)
+            return self._judge(scenario, job, code, fault_at, reference, params)
+        finally:
+            for j in jobs:
+                j.cleanup()
+
+    def _inject(self, job: ElasticJob, fault: Fault, work: Path) -> float:
+        if fault.kind == FaultKind.CORRUPT_CHECKPOINT:
+            from elastrain.runtime.checkpoint import list_checkpoints
+
+            newest = list_checkpoints(work / "ckpt")[0]
+            state = newest / "state.pt"
+            state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+            self.say(f"truncated {state}")
+            return time.time()
+        job.watcher.wait(f"{fault.at_step} steps", lambda: _committed_steps(job) >= fault.at_step)
+        members = job.watcher.generations()[-1]["members"]
+        victim = members[fault.target]
+        now = time.time()
+        if fault.kind == FaultKind.KILL_WORKER:
+            self.say(f"kill -9 worker {victim['worker_id']} (pid {victim['pid']})")
+            _kill([victim["pid"]])
+        elif fault.kind == FaultKind.STOP_WORKER:
+            self.say(f"SIGSTOP worker {victim['worker_id']} (pid {victim['pid']})")
+            _kill([victim["pid"]], signal.SIGSTOP)
+            try:
+                job.watcher.wait(
+                    "the hung worker to be dropped",
+                    lambda: (
+                        victim["worker_id"]
+                        not in {m["worker_id"] for m in job.watcher.generations()[-1]["members"]}
+                    ),
+                )
+            finally:
+                _kill([victim["pid"]], signal.SIGCONT)
+        elif fault.kind == FaultKind.KILL_AGENT:
+            agents = {e["host"]: e["pid"] for e in job.events() if e.get("event") == "agent"}
+            self.say(f"kill -9 the agent of {victim['host']} (pid {agents[victim['host']]})")
+            _kill([agents[victim["host"]]])
+        elif fault.kind == FaultKind.KILL_COORDINATOR:
+            self.say(f"kill -9 the launcher/coordinator (pid {job.proc.pid})")
+            _kill([job.proc.pid])
+        elif fault.kind == FaultKind.KILL_ALL:
+            self.say("kill -9 the launcher, every agent and every worker")
+            _kill(job.known_pids())
+        return now
+
+    def _judge(
+        self,
+        scenario: Scenario,
+        job: ElasticJob,
+        code: int,
+        fault_at: float,
+        reference: dict[str, Any],
+        params: Path,
+    ) -> dict[str, Any]:
+        import torch
+
+        report = job.report()
+        epochs = report["epochs"]
+        duplicates = sum(e["duplicates"] for e in epochs)
+        missing = sum(e["missing"] for e in epochs) + 10_000 * max(0, EPOCHS - len(epochs))
+        diff = float("inf")
+        if params.exists():
+            final = torch.load(params)
+            diff = max(
+                ((ref - final[name]).norm() / ref.norm().clamp_min(1e-12)).item()
+                for name, ref in reference.items()
+            )
+        incidents = [e for e in job.events() if e.get("event") == "incident" and e["cause"] != "start"]
+        after = [
+            g
+            for g in report["generations"]
+            if g["cause"] != "start" or g["run"] != report["generations"][0]["run"]
+        ]
+        detect = incidents[0]["detect_s"] if incidents else None
+        first_step = self._first_commit_after(job, fault_at)
+        result = {
+            "passed": code == 0 and duplicates == 0 and missing == 0 and diff < TOLERANCE,
+            "exit_code": code,
+            "detect_s": detect,
+            "recover_s": round(first_step - fault_at, 3) if first_step else None,
+            "steps_lost": max((g["steps_lost"] for g in after), default=0),
+            "samples_replayed": sum(g["samples_replayed"] for g in after),
+            "duplicates": duplicates,
+            "missing": missing,
+            "max_param_diff": diff,
+            "generations": [(g["world_size"], g["cause"]) for g in report["generations"]],
+        }
+        self.say(f"{scenario.name}: {'PASSED' if result['passed'] else 'FAILED'} {result}")
+        return result
+
+    @staticmethod
+    def _first_commit_after(job: ElasticJob, when: float) -> float | None:
+        from elastrain.report import load_ledgers
+
+        times = [
+            r["t"]
+            for records in load_ledgers(job.ledger).values()
+            for r in records
+            if r["k"] == "c" and r["t"] > when
+        ]
+        return min(times) if times else None

@@ -1,0 +1,95 @@
+"""Fault schedules as data: which fault, at which committed step, against which member."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from elastrain.errors import ConfigError
+
+
+class FaultKind(str, enum.Enum):
+    """What to do to the job."""
+
+    KILL_WORKER = "kill-worker"  # SIGKILL one worker process
+    STOP_WORKER = "stop-worker"  # SIGSTOP one worker until it is dropped, then SIGCONT
+    KILL_AGENT = "kill-agent"  # SIGKILL the agent of one host (its workers die with it)
+    KILL_COORDINATOR = "kill-coordinator"  # SIGKILL the launcher (coordinator); everything under it dies
+    KILL_ALL = "kill-all"  # SIGKILL the launcher, every agent and every worker
+    CORRUPT_CHECKPOINT = "corrupt-checkpoint"  # truncate the newest durable checkpoint
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: `kind` once `at_step` steps are committed; `target` indexes the generation's members."""
+
+    kind: FaultKind
+    at_step: int = 0
+    target: int = -1
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A job shape and its fault schedule. `restart`: the job is started again (with --resume auto)."""
+
+    name: str
+    hosts: int
+    run_args: tuple[str, ...]
+    faults: tuple[Fault, ...]
+    restart: bool = False
+    checkpoints: bool = False
+    notes: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+_ELASTIC = ("--min-np", "2", "--max-np", "3")
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("kill-worker", 3, _ELASTIC, (Fault(FaultKind.KILL_WORKER, 40),)),
+        Scenario(
+            "stop-worker",
+            3,
+            (*_ELASTIC, "--heartbeat-timeout", "3", "--join-grace", "1"),
+            (Fault(FaultKind.STOP_WORKER, 40),),
+        ),
+        Scenario("kill-agent", 3, _ELASTIC, (Fault(FaultKind.KILL_AGENT, 40),)),
+        Scenario(
+            "kill-coordinator",
+            2,
+            ("-np", "2"),
+            (Fault(FaultKind.KILL_COORDINATOR, 200),),
+            restart=True,
+            checkpoints=True,
+            notes="the launcher is restarted with --resume auto",
+        ),
+        Scenario(
+            "corrupt-checkpoint",
+            2,
+            ("-np", "2"),
+            (Fault(FaultKind.KILL_ALL, 200), Fault(FaultKind.CORRUPT_CHECKPOINT)),
+            restart=True,
+            checkpoints=True,
+        ),
+        Scenario(
+            "kill-all-resume",
+            2,
+            ("-np", "2"),
+            (Fault(FaultKind.KILL_ALL, 200),),
+            restart=True,
+            checkpoints=True,
+        ),
+    )
+}
+
+
+def parse_scenarios(spec: str) -> list[Scenario]:
+    """``a,b,c`` (or ``all``) -> scenarios; unknown names are refused with the list of valid ones."""
+    names = list(SCENARIOS) if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        raise ConfigError(
+            f"unknown scenario {', '.join(unknown) or spec!r}; choose from {', '.join(SCENARIOS)}, all"
+        )
+    return [SCENARIOS[n] for n in names]

@@ -1,0 +1,45 @@
+"""The chaos suite: every scenario ends with the job finished, exactly-once data, the reference parameters."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from elastrain.chaos.runner import TOLERANCE, ChaosRunner
+from elastrain.chaos.scenarios import SCENARIOS, parse_scenarios
+from elastrain.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> ChaosRunner:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import mnist1d_data
+
+    mnist1d_data.load()
+    return ChaosRunner(tmp_path_factory.mktemp("chaos"), log=io.StringIO())
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenario(runner: ChaosRunner, name: str) -> None:
+    result = runner.run(SCENARIOS[name])
+    assert result["exit_code"] == 0, (name, result)
+    assert (result["duplicates"], result["missing"]) == (0, 0), result
+    assert result["max_param_diff"] < TOLERANCE, result
+    if name in ("kill-worker", "kill-agent"):
+        assert result["steps_lost"] <= 1 and result["samples_replayed"] <= 64, result
+    if name == "stop-worker":  # dropped after missed heartbeats; after SIGCONT fenced, then readmitted
+        causes = [cause for _, cause in result["generations"]]
+        after = result["generations"][causes.index("heartbeat_loss") + 1]
+        assert after == (3, "scale_out"), result
+    assert result["passed"]
+
+
+def test_unknown_scenario_is_refused_with_the_valid_names() -> None:
+    with pytest.raises(ConfigError, match="kill-worker"):
+        parse_scenarios("kill-worker,explode")
