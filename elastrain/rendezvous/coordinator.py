@@ -20,6 +20,7 @@ from typing import Any
 from elastrain.hostfile import Hostfile
 from elastrain.rendezvous.api import Cause, Generation, Member, WorkerState
 from elastrain.rendezvous.incidents import Incident, IncidentLog
+from elastrain.rendezvous.slots import SlotBook
 from elastrain.rendezvous.wire import Message, Peer, RpcServer
 
 log = logging.getLogger("elastrain.coordinator")
@@ -94,7 +95,7 @@ class Coordinator:
         self._start_agent = start_agent
         self._lock = threading.RLock()
         self.hosts: dict[str, int] = {}
-        self._quota: dict[str, int] = {}  # slots per host we may still fill (failed slots are not refilled)
+        self.slots = SlotBook(config.max_restarts)
         self.agents: dict[str, Peer] = {}
         self._agents_started: set[str] = set()
         self.workers: dict[str, WorkerRecord] = {}
@@ -103,10 +104,8 @@ class Coordinator:
         self.pending_since = 0.0
         self.outcome: Outcome | None = None
         self.finished = threading.Event()
-        self.restarts = 0
         self._below_min_since: float | None = None
         self._started_at = time.monotonic()
-        self._incarnations: dict[tuple[str, int], int] = {}
         self.history: list[dict[str, Any]] = []
         self.incidents = IncidentLog()
         self._fault_at: float | None = None
@@ -123,12 +122,7 @@ class Coordinator:
             if new == self.hosts:
                 return
             log.info("hosts changed: %s -> %s", self.hosts, new)
-            for host, slots in new.items():
-                if self.hosts.get(host) != slots:
-                    self._quota[host] = slots
-            for host in list(self.hosts):
-                if host not in new:
-                    self._quota.pop(host, None)
+            self.slots.set_hosts(self.hosts, new)
             self.hosts = dict(new)
             for worker in self.workers.values():
                 if worker.state in _LIVE and worker.local_rank >= self.hosts.get(worker.host, 0):
@@ -261,7 +255,7 @@ class Coordinator:
             )
             worker.state = WorkerState.STARTING
             worker.committed_step = -1
-            self._quota[worker.host] = self._quota.get(worker.host, 0) + 1
+            self.slots.reclaim(worker.host)
         if worker.state == WorkerState.STARTING:
             worker.state = WorkerState.WAITING
             worker.since = time.monotonic()
@@ -276,7 +270,7 @@ class Coordinator:
         if worker is None:
             return
         # A worker that asks to leave (SIGTERM: preemption, a scheduler) frees its slot for good.
-        self._quota[worker.host] = max(0, self._quota.get(worker.host, 0) - 1)
+        self.slots.release(worker.host)
         if worker.state in (WorkerState.ACTIVE, WorkerState.STOPPED):
             worker.state = WorkerState.LEAVING
             self._request_generation(Cause.SCALE_IN)
@@ -306,7 +300,7 @@ class Coordinator:
         was_member = worker.state in _MEMBER
         worker.state = WorkerState.DEAD
         worker.join_request = None
-        self._quota[worker.host] = max(0, self._quota.get(worker.host, 0) - 1)
+        self.slots.release(worker.host)
         if was_member:
             self._request_generation(cause)
 
@@ -359,35 +353,20 @@ class Coordinator:
             self._below_min_since = None
             return
         if len(live) < self.config.min_np and self.generation is not None:
-            self._refill_quota(self.config.min_np - len(live))
+            self.slots.refill(self.config.min_np - len(live), self.hosts)
         for host, agent in self.agents.items():
-            used = {
+            used = [
                 w.local_rank
                 for w in self.workers.values()
                 if w.host == host and (w.state in _LIVE or w.state == WorkerState.DONE)
-            }
-            free = [i for i in range(self.hosts.get(host, 0)) if i not in used]
-            allowed = self._quota.get(host, 0) - len(used)
+            ]
             new_ids = []
-            for local_rank in free[: max(0, min(allowed, budget))]:
-                incarnation = self._incarnations.get((host, local_rank), 0)
-                self._incarnations[(host, local_rank)] = incarnation + 1
-                wid = f"{host}#{local_rank}" + (f".{incarnation}" if incarnation else "")
+            for wid, local_rank in self.slots.free_slots(host, self.hosts.get(host, 0), used, budget):
                 self.workers[wid] = WorkerRecord(wid, host, local_rank)
                 new_ids.append({"worker_id": wid, "local_rank": local_rank})
                 budget -= 1
             if new_ids:
                 agent.push("spawn", workers=new_ids)
-
-    def _refill_quota(self, missing: int) -> None:
-        """Below min_np after failures: allow respawning into failed slots (bounded by max_restarts)."""
-        for host, slots in self.hosts.items():
-            while (
-                missing > 0 and self._quota.get(host, 0) < slots and self.restarts < self.config.max_restarts
-            ):
-                self._quota[host] = self._quota.get(host, 0) + 1
-                self.restarts += 1
-                missing -= 1
 
     def _waiting(self) -> list[WorkerRecord]:
         ready = [w for w in self.workers.values() if w.state == WorkerState.WAITING and w.join_request]
