@@ -10,9 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastrain.errors import ConfigError
+from elastrain.launcher.agents import AgentStarter, LocalAgentStarter
 from elastrain.launcher.hosts import HostSource
-from elastrain.procutil import Spawner, die_with_parent
 from elastrain.rendezvous.coordinator import Coordinator, CoordinatorConfig
 
 log = logging.getLogger("elastrain.run")
@@ -100,27 +98,17 @@ def uses_elastrain(command: list[str]) -> bool:
     return "import elastrain" in text or "from elastrain" in text
 
 
-def is_local_host(host: str) -> bool:
-    """True for loopback addresses and this machine's own names, where agents are started directly."""
-    if host in ("localhost", socket.gethostname(), socket.getfqdn()) or host.startswith("127."):
-        return True
-    try:
-        return socket.gethostbyname(host).startswith("127.")
-    except OSError:
-        return False
-
-
 class Launcher:
     """Runs one job: store, coordinator, agents, host watcher."""
 
-    def __init__(self, config: LaunchConfig) -> None:
+    def __init__(self, config: LaunchConfig, starter: AgentStarter | None = None) -> None:
         self.config = config
+        self.starter = starter or LocalAgentStarter()
         self.token = secrets.token_hex(16)
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{self.token[:6]}"
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
         self.coordinator: Coordinator | None = None
-        self._spawner = Spawner()
 
     def _agent_args(self, host: str) -> list[str]:
         assert self.coordinator is not None
@@ -137,13 +125,6 @@ class Launcher:
         return [*args, "--", *self.config.command]
 
     def _start_agent(self, host: str) -> None:
-        if not is_local_host(host):
-            print(
-                f"elastrain: start the agent for {host} there: ELASTRAIN_JOB_TOKEN={self.token} "
-                f"elastrain agent {shlex.join(self._agent_args(host))}",
-                file=sys.stderr,
-            )
-            return
         env = dict(os.environ)
         env.update(self.config.env)
         env["ELASTRAIN_JOB_TOKEN"] = self.token
@@ -152,10 +133,9 @@ class Launcher:
         env.setdefault("ELASTRAIN_COLLECTIVE_TIMEOUT", str(self.config.heartbeat_timeout_s))
         if self.config.ledger_dir is not None:
             env["ELASTRAIN_LEDGER_DIR"] = str(self.config.ledger_dir)
-        argv = [sys.executable, "-m", "elastrain.agent.agent", *self._agent_args(host)]
-        self.agents[host] = self._spawner.call(  # type: ignore[assignment]
-            lambda: subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent())
-        )
+        proc = self.starter.start(host, self._agent_args(host), env)
+        if proc is not None:
+            self.agents[host] = proc
 
     def run(self) -> int:
         """Start everything, wait for the job to end, clean up; returns the exit code."""

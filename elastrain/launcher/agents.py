@@ -1,0 +1,53 @@
+"""How `elastrain run` starts the agent of a host: directly for local hosts, by another mechanism elsewhere.
+
+`AgentStarter` is the boundary (a Slurm allocation starts agents with ``srun``, see
+`elastrain.launcher.slurm` when present); `LocalAgentStarter` starts processes on this machine and
+prints the command to run by hand for hosts it cannot reach.
+"""
+
+from __future__ import annotations
+
+import abc
+import shlex
+import socket
+import subprocess
+import sys
+
+from elastrain.procutil import Spawner, die_with_parent
+
+
+def is_local_host(host: str) -> bool:
+    """True for loopback addresses and this machine's own names, where agents are started directly."""
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()) or host.startswith("127."):
+        return True
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+class AgentStarter(abc.ABC):
+    """Starts one agent process for `host`; returns it when this machine owns the process."""
+
+    @abc.abstractmethod
+    def start(self, host: str, agent_args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+        """Start ``elastrain agent <agent_args>`` for `host` with `env` (the job token included)."""
+
+
+class LocalAgentStarter(AgentStarter):
+    """Local hosts: a child process (dies with the launcher). Other hosts: print the command to run there."""
+
+    def __init__(self) -> None:
+        self._spawner = Spawner()
+
+    def start(self, host: str, agent_args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+        if not is_local_host(host):
+            token = env["ELASTRAIN_JOB_TOKEN"]
+            command = f"ELASTRAIN_JOB_TOKEN={token} elastrain agent {shlex.join(agent_args)}"
+            print(f"elastrain: start the agent for {host} there: {command}", file=sys.stderr)
+            return None
+        argv = [sys.executable, "-m", "elastrain.agent.agent", *agent_args]
+        proc: subprocess.Popen[bytes] = self._spawner.call(  # type: ignore[assignment]
+            lambda: subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent())
+        )
+        return proc
