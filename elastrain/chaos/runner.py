@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,10 @@ def _kill(pids: set[int] | list[int], sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
 
 
+class ChaosSkipped(Exception):
+    """A scenario that this machine cannot run (e.g. not root); the message says why."""
+
+
 class ChaosRunner:
     """Runs scenarios in `workdir`; the fault-free reference run is made once and reused."""
 
@@ -83,6 +88,8 @@ class ChaosRunner:
         work.mkdir(parents=True, exist_ok=True)
         params = work / "params.pt"
         args = list(scenario.run_args)
+        if scenario.small_disk:
+            self._mount_small_disk(work / "ckpt")
         if scenario.checkpoints:
             args += ["--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", "20"]
         self.say(f"{scenario.name}: starting")
@@ -103,8 +110,30 @@ class ChaosRunner:
         finally:
             for j in jobs:
                 j.cleanup()
+            if scenario.small_disk:
+                subprocess.run(["umount", str(work / "ckpt")], capture_output=True, check=False)
+
+    @staticmethod
+    def _mount_small_disk(path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], capture_output=True
+        )
+        if done.returncode != 0:
+            raise ChaosSkipped(
+                f"cannot mount a small tmpfs for the checkpoints (needs root): {done.stderr!r}"
+            )
 
     def _inject(self, job: ElasticJob, fault: Fault, work: Path) -> float:
+        if fault.kind == FaultKind.FILL_DISK:
+            job.watcher.wait(f"{fault.at_step} steps", lambda: _committed_steps(job) >= fault.at_step)
+            filler = work / "ckpt" / "filler"
+            with open(filler, "wb") as f, contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            self.say(f"filled {work / 'ckpt'} ({filler.stat().st_size} bytes of filler)")
+            return time.time()
         if fault.kind == FaultKind.CORRUPT_CHECKPOINT:
             from elastrain.runtime.checkpoint import list_checkpoints
 

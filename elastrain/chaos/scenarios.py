@@ -17,6 +17,7 @@ class FaultKind(str, enum.Enum):
     KILL_COORDINATOR = "kill-coordinator"  # SIGKILL the launcher (coordinator); everything under it dies
     KILL_ALL = "kill-all"  # SIGKILL the launcher, every agent and every worker
     CORRUPT_CHECKPOINT = "corrupt-checkpoint"  # truncate the newest durable checkpoint
+    FILL_DISK = "fill-disk"  # fill the checkpoint file system (a small tmpfs) to the last byte
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Scenario:
     faults: tuple[Fault, ...]
     restart: bool = False
     checkpoints: bool = False
+    small_disk: bool = False  # checkpoints go to a small tmpfs (needs root; skipped otherwise)
     notes: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -79,6 +81,15 @@ SCENARIOS: dict[str, Scenario] = {
             (Fault(FaultKind.KILL_ALL, 200),),
             restart=True,
             checkpoints=True,
+        ),
+        Scenario(
+            "fill-disk",
+            2,
+            ("-np", "2"),
+            (Fault(FaultKind.FILL_DISK, 100),),
+            checkpoints=True,
+            small_disk=True,
+            notes="saves fail with a warning naming the step; training goes on",
         ),
     )
 }

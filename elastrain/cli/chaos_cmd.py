@@ -29,7 +29,14 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     scenarios = parse_scenarios(args.scenario)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="elastrain-chaos-"))
     runner = ChaosRunner(workdir)
-    results = {s.name: runner.run(s) for s in scenarios}
+    from elastrain.chaos.runner import ChaosSkipped
+
+    results = {}
+    for scenario in scenarios:
+        try:
+            results[scenario.name] = runner.run(scenario)
+        except ChaosSkipped as exc:
+            print(f"chaos: {scenario.name} skipped: {exc}")
     print(
         f"{'scenario':<20} {'passed':<7} {'detect_s':>8} {'recover_s':>9} {'lost':>5} {'dup':>4} {'miss':>5} "
         f"{'param_diff':>10}"
