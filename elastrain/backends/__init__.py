@@ -1,1 +1,0 @@
-"""Where containers live: the `Backend` ABC and its implementations (local for now)."""

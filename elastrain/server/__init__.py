@@ -1,1 +1,0 @@
-"""The control plane: FastAPI app (`/api/v1`), services, the reconciler and the `elastrain server` command."""
