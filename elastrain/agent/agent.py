@@ -20,7 +20,8 @@ from typing import IO
 
 from elastrain.errors import CoordinatorLost
 from elastrain.procutil import Spawner, die_with_parent, resolve_python
-from elastrain.rendezvous.wire import Message, RpcClient
+from elastrain.rendezvous.reconnect import ReconnectingClient
+from elastrain.rendezvous.wire import Message
 
 log = logging.getLogger("elastrain.agent")
 
@@ -38,6 +39,9 @@ class AgentConfig:
     kill_grace_s: float = 10.0
     restart_mode: bool = False
     max_restarts: int = 3
+    coordinator_timeout_s: float = field(
+        default_factory=lambda: float(os.environ.get("ELASTRAIN_COORDINATOR_TIMEOUT", "30"))
+    )
 
 
 class Agent:
@@ -52,13 +56,19 @@ class Agent:
         self._lock = threading.Lock()
         self._exit_requested = threading.Event()
         self._job_success = True
-        self.client = RpcClient(
+        self._coordinator_gone = False
+        self.client = ReconnectingClient(
             config.coordinator,
             config.token,
-            {"role": "agent", "host": config.host, "pid": os.getpid()},
-            on_push=self._on_push,
-            on_disconnect=self._exit_requested.set,
+            lambda: {"role": "agent", "host": config.host, "pid": os.getpid()},
+            self._on_push,
+            config.coordinator_timeout_s,
+            on_give_up=self._give_up,
         )
+
+    def _give_up(self) -> None:
+        self._coordinator_gone = True
+        self._exit_requested.set()
 
     def _on_push(self, msg: Message) -> None:
         kind = msg.get("type")
@@ -179,10 +189,13 @@ class Agent:
         """Serve until the job is over; return the agent's exit code."""
         signal.signal(signal.SIGTERM, lambda *_: self.terminate_all(signal.SIGTERM))
         self._exit_requested.wait()
-        # After success the workers finish on their own (evaluation, saving); otherwise stop them.
-        failed = not self._job_success or not self.client.connected
-        deadline = time.monotonic() + (self.config.kill_grace_s if failed else float("inf"))
-        if failed:
+        if self._coordinator_gone:
+            # the workers saw the same outage: rank 0 writes a checkpoint, then they exit on their own
+            deadline = time.monotonic() + self.config.coordinator_timeout_s + 60.0
+        elif self._job_success:
+            deadline = float("inf")  # after success the workers finish on their own (evaluation, saving)
+        else:
+            deadline = time.monotonic() + self.config.kill_grace_s
             self.terminate_all(signal.SIGTERM)
         while self.procs and time.monotonic() < deadline:
             time.sleep(0.05)

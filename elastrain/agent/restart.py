@@ -99,7 +99,7 @@ class RestartSlot(threading.Thread):
             code = proc.poll()
             if code is not None:
                 return code
-            if self.rdzv.pending() or self.rdzv.lost.is_set():
+            if self.rdzv.pending() or self.rdzv.coordinator_gone:
                 self.stop()
                 return None
             time.sleep(0.05)

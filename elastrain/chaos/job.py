@@ -92,6 +92,7 @@ class ElasticJob:
         run_args: list[str],
         command: list[str],
         fresh_log: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.hostfile = workdir / "hostfile"
@@ -112,7 +113,12 @@ class ElasticJob:
         ]
         self.log = open(workdir / "job.log", "wb" if fresh_log else "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO
+            argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
         )
         self.watcher = JobWatcher(self.ledger, self.proc)
 

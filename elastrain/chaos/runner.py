@@ -49,6 +49,22 @@ def _kill(pids: set[int] | list[int], sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
 
 
+def _free_port() -> int:
+    """A free port whose successor is free too (the coordinator port and the store port after it)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = int(a.getsockname()[1])
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two free adjacent ports")
+
+
 class ChaosSkipped(Exception):
     """A scenario that this machine cannot run (e.g. not root); the message says why."""
 
@@ -92,8 +108,11 @@ class ChaosRunner:
             self._mount_small_disk(work / "ckpt")
         if scenario.checkpoints:
             args += ["--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", "20"]
+        port = _free_port()
+        args += ["--coordinator-port", str(port)]
+        env = {"ELASTRAIN_JOB_TOKEN": f"chaos-{scenario.name}-{port}"}
         self.say(f"{scenario.name}: starting")
-        job = ElasticJob(work, hosts(scenario.hosts), args, example_command(params))
+        job = ElasticJob(work, hosts(scenario.hosts), args, example_command(params), env=env)
         jobs = [job]
         fault_at = 0.0
         try:
@@ -102,8 +121,19 @@ class ChaosRunner:
                 fault_at = fault_at or at
             if scenario.restart:
                 job.wait(timeout=60)
-                self.say(f"{scenario.name}: starting again with --resume auto")
-                job = ElasticJob(work, hosts(scenario.hosts), args, example_command(params), fresh_log=False)
+                if not scenario.restart_args:  # nobody adopts the workers: wait for them to give up
+                    self._wait_gone(job.known_pids() - {job.proc.pid}, timeout=120)
+                self.say(
+                    f"{scenario.name}: starting again ({' '.join(scenario.restart_args) or '--resume auto'})"
+                )
+                job = ElasticJob(
+                    work,
+                    hosts(scenario.hosts),
+                    [*args, *scenario.restart_args],
+                    example_command(params),
+                    fresh_log=False,
+                    env=env,
+                )
                 jobs.append(job)
             code = job.wait(timeout=600)
             return self._judge(scenario, job, code, fault_at, reference, params)
@@ -112,6 +142,21 @@ class ChaosRunner:
                 j.cleanup()
             if scenario.small_disk:
                 subprocess.run(["umount", str(work / "ckpt")], capture_output=True, check=False)
+
+    @staticmethod
+    def _wait_gone(pids: set[int], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            alive = []
+            for pid in pids:
+                try:
+                    os.kill(pid, 0)
+                    alive.append(pid)
+                except ProcessLookupError:
+                    pass
+            if not alive:
+                return
+            time.sleep(0.2)
 
     @staticmethod
     def _mount_small_disk(path: Path) -> None:
@@ -203,7 +248,9 @@ class ChaosRunner:
             if g["cause"] != "start" or g["run"] != report["generations"][0]["run"]
         ]
         detect = incidents[0]["detect_s"] if incidents else None
-        first_step = self._first_commit_after(job, fault_at)
+        first_run = report["generations"][0]["run"] if report["generations"] else ""
+        resumed = scenario.restart and not scenario.restart_args  # a new run had to take over
+        first_step = self._first_commit_after(job, fault_at, exclude_run=first_run if resumed else None)
         result = {
             "passed": code == 0 and duplicates == 0 and missing == 0 and diff < TOLERANCE,
             "exit_code": code,
@@ -220,13 +267,13 @@ class ChaosRunner:
         return result
 
     @staticmethod
-    def _first_commit_after(job: ElasticJob, when: float) -> float | None:
+    def _first_commit_after(job: ElasticJob, when: float, exclude_run: str | None = None) -> float | None:
         from elastrain.report import load_ledgers
 
         times = [
             r["t"]
             for records in load_ledgers(job.ledger).values()
             for r in records
-            if r["k"] == "c" and r["t"] > when
+            if r["k"] == "c" and r["t"] > when and r.get("run") != exclude_run
         ]
         return min(times) if times else None

@@ -40,6 +40,8 @@ class Scenario:
     restart: bool = False
     checkpoints: bool = False
     small_disk: bool = False  # checkpoints go to a small tmpfs (needs root; skipped otherwise)
+    restart_args: tuple[str, ...] = ()  # extra flags for the second start (e.g. --rejoin)
+    expect_exit: int = 0  # what the first run's launcher should exit with when not killed
     notes: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -61,10 +63,20 @@ SCENARIOS: dict[str, Scenario] = {
             "kill-coordinator",
             2,
             ("-np", "2"),
-            (Fault(FaultKind.KILL_COORDINATOR, 200),),
+            (Fault(FaultKind.KILL_COORDINATOR, 100),),
             restart=True,
             checkpoints=True,
-            notes="the launcher is restarted with --resume auto",
+            restart_args=("--rejoin",),
+            notes="a replacement launcher (--rejoin, same port and token) adopts the running workers",
+        ),
+        Scenario(
+            "coordinator-gone",
+            2,
+            ("-np", "2", "--heartbeat-timeout", "3"),
+            (Fault(FaultKind.KILL_COORDINATOR, 100),),
+            restart=True,
+            checkpoints=True,
+            notes="no launcher comes back: rank 0 writes a checkpoint, workers exit 3; a new run resumes",
         ),
         Scenario(
             "corrupt-checkpoint",

@@ -19,6 +19,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hostfile", help="hostfile ('host slots=N' lines); watched: edits resize the job")
     p.add_argument("--host-discovery-script", help="prints 'host:slots' lines; polled for changes")
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, help="slots per host (torchrun users)")
+    p.add_argument("--slurm", action="store_true", help="hosts: this Slurm allocation (default in one)")
     p.add_argument("--ledger", type=Path, help="directory for the exactly-once ledger and generation events")
     p.add_argument("--coordinator-host", default="127.0.0.1", help="address the coordinator listens on")
     p.add_argument("--coordinator-port", type=int, default=0, help="port for the coordinator (0: any)")
@@ -46,6 +47,12 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="native: the script uses elastrain (live resize); restart: a torchrun-style script "
         "restarted on each change; auto: native if the script imports elastrain",
+    )
+    p.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="replace a launcher that died: adopt its running agents and workers (same --coordinator-port "
+        "and ELASTRAIN_JOB_TOKEN as the first launcher)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log the coordinator's decisions")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
@@ -77,7 +84,7 @@ def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run `elastrain run` with parsed flags; returns the exit code."""
-    from elastrain.launcher.hosts import make_host_source
+    from elastrain.launcher.hosts import SlurmHosts, make_host_source
     from elastrain.launcher.run import LaunchConfig, Launcher, check_command, check_sizes, uses_elastrain
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -87,8 +94,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ElastrainError("--max-restarts must be >= 0")
     env = checkpoint_env(args)
     source = make_host_source(
-        args.host_list, args.hostfile, args.host_discovery_script, args.nproc_per_node, args.np
+        args.host_list, args.hostfile, args.host_discovery_script, args.nproc_per_node, args.np, args.slurm
     )
+    starter = None
+    if isinstance(source, SlurmHosts):  # agents are job steps (srun); the coordinator on a routable address
+        from elastrain.launcher.slurm import SlurmAgentStarter, coordinator_host
+
+        starter, args.coordinator_host = SlurmAgentStarter(), coordinator_host(args.coordinator_host)
     config = LaunchConfig(
         command=command,
         hosts=source,
@@ -105,5 +117,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         restart_mode=args.mode == "restart" or (args.mode == "auto" and not uses_elastrain(command)),
         env=env,
+        rejoin=args.rejoin,
     )
-    return Launcher(config).run()
+    return Launcher(config, starter).run()

@@ -13,8 +13,6 @@ import socket
 import subprocess
 import sys
 
-from elastrain.procutil import Spawner, die_with_parent
-
 
 def is_local_host(host: str) -> bool:
     """True for loopback addresses and this machine's own names, where agents are started directly."""
@@ -37,9 +35,6 @@ class AgentStarter(abc.ABC):
 class LocalAgentStarter(AgentStarter):
     """Local hosts: a child process (dies with the launcher). Other hosts: print the command to run there."""
 
-    def __init__(self) -> None:
-        self._spawner = Spawner()
-
     def start(self, host: str, agent_args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         if not is_local_host(host):
             token = env["ELASTRAIN_JOB_TOKEN"]
@@ -47,7 +42,5 @@ class LocalAgentStarter(AgentStarter):
             print(f"elastrain: start the agent for {host} there: {command}", file=sys.stderr)
             return None
         argv = [sys.executable, "-m", "elastrain.agent.agent", *agent_args]
-        proc: subprocess.Popen[bytes] = self._spawner.call(  # type: ignore[assignment]
-            lambda: subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent())
-        )
-        return proc
+        # Agents outlive a crashed launcher on purpose: they wait (bounded) for a replacement (--rejoin).
+        return subprocess.Popen(argv, env=env, start_new_session=True)

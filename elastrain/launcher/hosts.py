@@ -1,16 +1,17 @@
-"""Where the job's hosts come from: a static list, a watched hostfile, or a discovery script."""
+"""Where the job's hosts come from: a static list, a watched hostfile, a discovery script, or Slurm."""
 
 from __future__ import annotations
 
 import abc
 import logging
+import os
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from elastrain.errors import ConfigError, HostfileError
-from elastrain.hostfile import Hostfile, parse_host_list, parse_hostfile, read_hostfile
+from elastrain.hostfile import Host, Hostfile, parse_host_list, parse_hostfile, read_hostfile
 
 log = logging.getLogger("elastrain.hosts")
 
@@ -89,17 +90,40 @@ class DiscoveryScript(HostSource):
         return parse_hostfile("\n".join(lines), f"output of {self.script}")
 
 
+class SlurmHosts(StaticHosts):
+    """The nodes of the Slurm allocation `elastrain run` runs in (SLURM_JOB_NODELIST and task counts).
+
+    An allocation's nodes do not change while it runs; a node whose agent step is signalled
+    (preemption) leaves through its workers, not through this list.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None, nproc_per_node: int | None = None) -> None:
+        from elastrain.launcher.slurm import allocation_slots
+
+        slots = allocation_slots(os.environ if env is None else env, nproc_per_node)
+        super().__init__(Hostfile(tuple(Host(name, n) for name, n in slots.items())))
+
+
 def make_host_source(
     host_list: str | None,
     hostfile: str | None,
     discovery: str | None,
     nproc_per_node: int | None,
     np: int | None,
+    slurm: bool = False,
 ) -> HostSource:
-    """Pick the host source from the launcher's flags (at most one of -H, --hostfile, discovery)."""
+    """Pick the host source from the launcher's flags (at most one of -H, --hostfile, discovery).
+
+    Without any of them, inside a Slurm allocation (SLURM_JOB_ID set) or with `slurm`, the
+    allocation's nodes are the hosts; otherwise this machine alone.
+    """
     given = [x for x in (host_list, hostfile, discovery) if x]
     if len(given) > 1:
         raise ConfigError("give only one of -H, --hostfile and --host-discovery-script")
+    if slurm and given:
+        raise ConfigError("--slurm takes the hosts from the allocation; drop -H/--hostfile/discovery")
+    if slurm or (not given and os.environ.get("SLURM_JOB_ID")):
+        return SlurmHosts(nproc_per_node=nproc_per_node)
     if host_list:
         hosts = parse_host_list(host_list)
         if nproc_per_node:

@@ -44,6 +44,7 @@ class LaunchConfig:
     start_timeout_s: float = 120.0
     max_restarts: int = 3
     restart_mode: bool = False
+    rejoin: bool = False
     watch_interval_s: float = 0.2
     env: dict[str, str] = field(default_factory=dict)
 
@@ -104,7 +105,8 @@ class Launcher:
     def __init__(self, config: LaunchConfig, starter: AgentStarter | None = None) -> None:
         self.config = config
         self.starter = starter or LocalAgentStarter()
-        self.token = secrets.token_hex(16)
+        # a replacement launcher (--rejoin) must present the token the running agents and workers know
+        self.token = os.environ.get("ELASTRAIN_JOB_TOKEN") or secrets.token_hex(16)
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{self.token[:6]}"
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
@@ -128,7 +130,8 @@ class Launcher:
         env = dict(os.environ)
         env.update(self.config.env)
         env["ELASTRAIN_JOB_TOKEN"] = self.token
-        env["ELASTRAIN_RUN_ID"] = self.run_id
+        env["ELASTRAIN_RUN_ID"] = self.coordinator.config.run_id if self.coordinator else self.run_id
+        env.setdefault("ELASTRAIN_COORDINATOR_TIMEOUT", str(self.config.heartbeat_timeout_s))
         # a collective stuck on a hung peer gives up within the same bound the coordinator uses
         env.setdefault("ELASTRAIN_COLLECTIVE_TIMEOUT", str(self.config.heartbeat_timeout_s))
         if self.config.ledger_dir is not None:
@@ -147,8 +150,10 @@ class Launcher:
 
         if self.config.ledger_dir is not None:
             self.config.ledger_dir.mkdir(parents=True, exist_ok=True)
+        # with a fixed coordinator port the store sits next to it, so a replacement launcher can take both
+        store_port = self.config.coordinator_port + 1 if self.config.coordinator_port else 0
         store = dist.TCPStore(
-            self.config.coordinator_host, 0, is_master=True, wait_for_workers=False, use_libuv=True
+            self.config.coordinator_host, store_port, is_master=True, wait_for_workers=False, use_libuv=True
         )
         store_address = f"{self.config.coordinator_host}:{store.port}"
         coord_config = CoordinatorConfig(
@@ -162,6 +167,8 @@ class Launcher:
             max_restarts=self.config.max_restarts,
             events_path=(self.config.ledger_dir / "events.jsonl") if self.config.ledger_dir else None,
             run_id=self.run_id,
+            adopt=self.config.rejoin,
+            adopt_grace_s=max(5.0, self.config.join_grace_s),
         )
         self.coordinator = Coordinator(
             coord_config,

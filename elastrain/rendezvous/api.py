@@ -110,7 +110,15 @@ class JoinResult:
 
 
 class Rendezvous(abc.ABC):
-    """The worker's side of the rendezvous. Implementations: `client.CoordinatorRendezvous`."""
+    """The worker's side of the rendezvous. Implementations: `client.CoordinatorRendezvous`.
+
+    The runtime keeps `current` (its generation) and `committed_step` up to date, so a restarted
+    coordinator can adopt the running job; `coordinator_gone` turns true when it never came back.
+    """
+
+    current: Generation | None = None
+    committed_step: int = -1
+    coordinator_gone: bool = False
 
     @abc.abstractmethod
     def join(self, committed_step: int) -> JoinResult:

@@ -3,39 +3,70 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from elastrain.errors import RendezvousError
 from elastrain.rendezvous.api import Generation, JoinOutcome, JoinResult, Rendezvous
-from elastrain.rendezvous.wire import Message, RpcClient
+from elastrain.rendezvous.reconnect import ReconnectingClient
+from elastrain.rendezvous.wire import Message
 
 
 class CoordinatorRendezvous(Rendezvous):
-    """Talks to the coordinator of `elastrain run` over one TCP connection, reused for the job."""
+    """Talks to the coordinator of `elastrain run` over one TCP connection, reused for the job.
+
+    If the coordinator goes away, training goes on (collectives do not need it) while the connection
+    is retried for `coordinator_timeout_s`; a restarted coordinator is greeted with this worker's
+    current generation, rank and committed step, so it can adopt the running job. After the bound,
+    `coordinator_gone` is set and the pending flag raised: the job stops at the next commit.
+    """
 
     def __init__(
-        self, address: str, token: str, worker_id: str, host: str, local_rank: int, heartbeat_s: float = 1.0
+        self,
+        address: str,
+        token: str,
+        worker_id: str,
+        host: str,
+        local_rank: int,
+        heartbeat_s: float = 1.0,
+        coordinator_timeout_s: float = 30.0,
+        run_id: str = "",
     ) -> None:
         self.worker_id = worker_id
         self._pending = False
         self.fenced = False
-        self.lost = threading.Event()
-        self._rpc = RpcClient(
-            address,
-            token,
-            {
-                "role": "worker",
-                "worker_id": worker_id,
-                "host": host,
-                "local_rank": local_rank,
-                "pid": os.getpid(),
-            },
-            on_push=self._on_push,
-            on_disconnect=self.lost.set,
+        self.coordinator_gone = False
+        self.current: Generation | None = None  # the generation this worker trains in (set by the runtime)
+        self.committed_step = -1
+        self._identity: Message = {
+            "role": "worker",
+            "worker_id": worker_id,
+            "host": host,
+            "local_rank": local_rank,
+            "pid": os.getpid(),
+            "run_id": run_id,
+        }
+        self._rpc = ReconnectingClient(
+            address, token, self._hello, self._on_push, coordinator_timeout_s, on_give_up=self._give_up
         )
         self._stop = threading.Event()
         self._heartbeat_s = heartbeat_s
         threading.Thread(target=self._heartbeat_loop, name="elastrain-heartbeat", daemon=True).start()
+
+    def _hello(self) -> Message:
+        hello = dict(self._identity)
+        if self.current is not None:
+            hello["rejoin"] = {"generation": self.current.to_wire(), "committed_step": self.committed_step}
+        return hello
+
+    def _give_up(self) -> None:
+        self.coordinator_gone = True
+        self._pending = True
+
+    @property
+    def lost(self) -> bool:
+        """True while the coordinator is unreachable."""
+        return not self._rpc.connected
 
     def _on_push(self, msg: Message) -> None:
         kind = msg.get("type")
@@ -47,8 +78,7 @@ class CoordinatorRendezvous(Rendezvous):
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self._heartbeat_s):
-            if not self._rpc.notify("heartbeat"):
-                return
+            self._rpc.notify("heartbeat")
 
     def pending(self) -> bool:
         """True once the coordinator has announced the next generation (a plain attribute read)."""
@@ -56,7 +86,7 @@ class CoordinatorRendezvous(Rendezvous):
 
     def join(self, committed_step: int, **extra: int) -> JoinResult:
         """Ask for the next generation and wait for it (`extra`: e.g. a free port, the child's pid)."""
-        self._pending = False
+        self._pending = self.coordinator_gone
         reply = self._rpc.request("join", committed_step=committed_step, **extra)
         outcome = JoinOutcome(reply.get("outcome", "job_over"))
         if outcome != JoinOutcome.ADMITTED:
@@ -83,7 +113,7 @@ class CoordinatorRendezvous(Rendezvous):
         try:
             self._rpc.request("user_error", traceback=traceback_text, timeout=10)
         except RendezvousError:
-            pass
+            print(traceback_text, file=sys.stderr)  # nobody else will show it
 
     def close(self) -> None:
         """Stop heartbeats and close the connection."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from elastrain.hostfile import Hostfile
+from elastrain.rendezvous.adoption import adopted, missing_members, newest_generation
 from elastrain.rendezvous.api import Cause, Generation, Member, WorkerState
 from elastrain.rendezvous.incidents import Incident, IncidentLog
 from elastrain.rendezvous.slots import SlotBook
@@ -48,6 +49,8 @@ class CoordinatorConfig:
     heartbeat_timeout_s: float = 30.0
     max_restarts: int = 3  # respawns allowed to get back to min_np after failures
     events_path: Path | None = None
+    adopt: bool = False  # a restarted coordinator: adopt the agents and workers that reconnect
+    adopt_grace_s: float = 5.0
     run_id: str = ""
 
 
@@ -65,6 +68,7 @@ class WorkerRecord:
     committed_step: int = -1
     port: int = 0
     address: str = ""
+    rejoin: dict[str, Any] | None = None
     last_seen: float = field(default_factory=time.monotonic)
     since: float = field(default_factory=time.monotonic)
 
@@ -184,6 +188,16 @@ class Coordinator:
             if worker is None:
                 worker = WorkerRecord(wid, str(msg.get("host")), int(msg.get("local_rank", 0)))
                 self.workers[wid] = worker
+            rejoin = msg.get("rejoin")
+            if rejoin and self.config.adopt and self.generation is None:
+                worker.rejoin = rejoin  # a worker that kept training while the coordinator was away
+                worker.committed_step = int(rejoin.get("committed_step", -1))
+                if msg.get("run_id"):
+                    self.config.run_id = str(msg["run_id"])
+            elif rejoin and worker.state == WorkerState.DEAD:
+                worker.state = WorkerState.STARTING  # back after being dropped: a newcomer (fenced)
+                worker.committed_step = -1
+                self.slots.reclaim(worker.host)
             if worker.state not in (WorkerState.STARTING,):
                 peer.reply(msg, ok=False, error=f"worker {wid} is {worker.state.value}")
                 return
@@ -324,13 +338,76 @@ class Coordinator:
         self._start_missing_agents()
         self._spawn_into_free_slots()
         if self.generation is None:
+            if self.config.adopt and self._maybe_adopt():
+                return
             self._maybe_form_first()
         else:
             self._maybe_announce_scale_out()
             if self.pending is not None:
                 self._maybe_form_next()
 
+    def _maybe_adopt(self) -> bool:
+        """A restarted coordinator: adopt the running generation. True while still waiting for it."""
+        reports = [w.rejoin for w in self.workers.values() if w.rejoin and w.state == WorkerState.STARTING]
+        generation = newest_generation(reports)
+        in_grace = time.monotonic() - self._started_at < self.config.adopt_grace_s
+        if generation is None:
+            return in_grace
+        present = {
+            w.worker_id
+            for w in self.workers.values()
+            if w.rejoin
+            and w.state == WorkerState.STARTING
+            and w.rejoin["generation"]["number"] == generation.number
+        }
+        missing = missing_members(generation, present)
+        if missing and in_grace:
+            return True
+        committed = {wid: self.workers[wid].committed_step for wid in present}
+        self.generation = adopted(generation, committed, self.store_address)
+        for member in generation.members:
+            worker = self.workers.get(member.worker_id)
+            if worker is None:
+                worker = self.workers[member.worker_id] = WorkerRecord(member.worker_id, member.host, 0)
+            worker.rejoin = None
+            worker.state = WorkerState.ACTIVE if member.worker_id in present else WorkerState.DEAD
+        now = time.time()
+        self.incidents.add(
+            Incident(
+                generation.number,
+                Cause.COORDINATOR_RESTART,
+                len(present),
+                now - (time.monotonic() - self._started_at),
+                now,
+                now,
+                max(committed.values(), default=0),
+                0,
+            )
+        )
+        self._record(
+            {
+                "event": "adopted",
+                "generation": generation.number,
+                "present": sorted(present),
+                "missing": missing,
+                "at": time.time(),
+            }
+        )
+        log.warning(
+            "adopted generation %d (%d workers back, %d missing)",
+            generation.number,
+            len(present),
+            len(missing),
+        )
+        if missing:
+            self._request_generation(Cause.COORDINATOR_RESTART)
+        return False
+
     def _start_missing_agents(self) -> None:
+        if self.config.adopt and time.monotonic() - self._started_at < self.config.adopt_grace_s:
+            self._agents_started.update(self.agents)  # give the old agents time to reconnect
+            return
+        self._agents_started.update(self.agents)
         for host in self.hosts:
             if host not in self._agents_started:
                 self._agents_started.add(host)

@@ -21,6 +21,7 @@ class LaunchContext:
     backend: str = ""
     collective_timeout_s: float = 60.0
     heartbeat_s: float = 1.0
+    coordinator_timeout_s: float = 30.0
     checkpoint_dir: Path | None = None
     checkpoint_every_steps: int | None = None
     checkpoint_every_seconds: float | None = None
@@ -52,6 +53,7 @@ class LaunchContext:
             backend=env.get("ELASTRAIN_BACKEND", ""),
             collective_timeout_s=float(env.get("ELASTRAIN_COLLECTIVE_TIMEOUT", "60")),
             heartbeat_s=float(env.get("ELASTRAIN_HEARTBEAT_INTERVAL", "1")),
+            coordinator_timeout_s=float(env.get("ELASTRAIN_COORDINATOR_TIMEOUT", "30")),
             checkpoint_dir=Path(ckpt) if ckpt else None,
             checkpoint_every_steps=int(every) if every else None,
             checkpoint_every_seconds=float(interval) if interval else None,

@@ -75,6 +75,7 @@ class Runtime:
         self.world_size = generation.world_size
         self.groups.build(generation, self.rank)
         self.group_valid = True
+        self.rendezvous.current = generation
 
     def invalidate(self) -> None:
         """The group is no longer usable (a resize is due or a peer died)."""
@@ -93,6 +94,22 @@ class Runtime:
         return bool(flag.item() > 0)
 
     # ----- ending -------------------------------------------------------------------------------
+    def stop_if_coordinator_gone(self, state: State) -> None:
+        """The coordinator never came back: rank 0 writes a durable checkpoint, every worker exits 3."""
+        if self.rendezvous is None or not self.rendezvous.coordinator_gone:
+            return
+        state.finish_checkpoints(self)
+        where = f"; checkpoint at step {state.step}" if self.context.checkpoint_dir and self.rank == 0 else ""
+        print(
+            f"elastrain: the coordinator did not come back within {self.context.coordinator_timeout_s:.0f}s"
+            f"{where}; start `elastrain run ... --resume auto` again",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.groups.destroy()
+        self.ledger.close()
+        sys.exit(3)
+
     def finish(self) -> None:
         """The training function returned on this rank: report done and release the group."""
         if self.rendezvous is not None:
@@ -142,6 +159,8 @@ def init(context: LaunchContext | None = None) -> Runtime:
                 context.host,
                 context.local_rank,
                 heartbeat_s=context.heartbeat_s,
+                coordinator_timeout_s=context.coordinator_timeout_s,
+                run_id=context.run_id,
             )
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, lambda *_: rendezvous.request_leave() if rendezvous else None)
@@ -182,6 +201,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 state.sync(rt)
                 result = func(state, *args, **kwargs)
             except HostsUpdatedInterrupt:
+                rt.stop_if_coordinator_gone(state)
                 rt.invalidate()
                 state.rollback()
                 continue
@@ -196,8 +216,9 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                         rt.context.worker_id,
                         str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__,
                     )
-                    rt.invalidate()
                     state.rollback()
+                    rt.stop_if_coordinator_gone(state)
+                    rt.invalidate()
                     continue
                 if isinstance(exc, ElastrainError) and rt.rendezvous is None:
                     raise

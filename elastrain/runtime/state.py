@@ -158,6 +158,8 @@ class State:
                     rt.rendezvous.report_first_step(rt.generation.number, time.time())
         self.step += 1
         self._committed_counters = self._counters()
+        if rt.rendezvous is not None:
+            rt.rendezvous.committed_step = self.step
         if self._checkpointer is not None and rt.rank == 0 and self._checkpointer.due(self.step):
             self._checkpointer.save(self.state_dict(), rt.world_size)
         pending = self._agreed_pending
