@@ -5,14 +5,14 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint unit integration bench clean
+.PHONY: install demo test lint unit integration bench clean portal-deps slurm-deps
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt -e '.[examples,dev]'
+	$(PIP) install --quiet -c constraints.txt -e '.[examples,dev,server]'
 	touch $(STAMP)
 
 demo: install
@@ -29,7 +29,18 @@ unit: install
 integration: install
 	$(PY) -m pytest -q tests/integration
 
-test: lint
+# the browser tests drive Debian's chromium (never a downloaded browser); they skip without it
+portal-deps: install
+	@test -x /usr/bin/chromium || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || echo "no chromium: browser tests skip"
+
+# the slurm tests start a private cluster from Debian's slurm-wlm and munge; they skip without them
+slurm-deps:
+	@command -v slurmctld >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge; } || \
+	  echo "no slurm-wlm/munge: slurm tests skip"
+
+test: lint portal-deps slurm-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: install

@@ -57,6 +57,7 @@ class Agent:
         self._exit_requested = threading.Event()
         self._job_success = True
         self._coordinator_gone = False
+        self._ready = threading.Event()  # a push may arrive during the hello, before self.client is set
         self.client = ReconnectingClient(
             config.coordinator,
             config.token,
@@ -65,12 +66,14 @@ class Agent:
             config.coordinator_timeout_s,
             on_give_up=self._give_up,
         )
+        self._ready.set()
 
     def _give_up(self) -> None:
         self._coordinator_gone = True
         self._exit_requested.set()
 
     def _on_push(self, msg: Message) -> None:
+        self._ready.wait()
         kind = msg.get("type")
         if kind == "spawn":
             for spec in msg.get("workers", []):

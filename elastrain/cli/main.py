@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from elastrain.cli.chaos_cmd import add_chaos_parser, cmd_chaos
+from elastrain.cli.run_cmd import add_run_parser, cmd_run
 from elastrain.errors import ElastrainError
 
 
@@ -16,68 +18,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _add_run(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="launch an elastic training job (horovodrun/torchrun-style flags)")
-    p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of workers to start")
-    p.add_argument("--min-np", type=int, help="fewest workers the job may run with")
-    p.add_argument("--max-np", type=int, help="most workers the job may grow to")
-    p.add_argument("-H", "--hosts", dest="host_list", help="static hosts: host1:slots,host2:slots")
-    p.add_argument("--hostfile", help="hostfile ('host slots=N' lines); watched: edits resize the job")
-    p.add_argument("--host-discovery-script", help="prints 'host:slots' lines; polled for changes")
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, help="slots per host (torchrun users)")
-    p.add_argument("--ledger", type=Path, help="directory for the exactly-once ledger and generation events")
-    p.add_argument("--coordinator-host", default="127.0.0.1", help="address the coordinator listens on")
-    p.add_argument("--coordinator-port", type=int, default=0, help="port for the coordinator (0: any)")
-    p.add_argument("--join-grace", type=float, default=5.0, help="seconds to wait for more new workers")
-    p.add_argument(
-        "--heartbeat-timeout", type=float, default=30.0, help="seconds before a silent worker is out"
-    )
-    p.add_argument("--elastic-timeout", type=float, default=60.0, help="seconds allowed below --min-np")
-    p.add_argument(
-        "--start-timeout", type=float, default=120.0, help="seconds for the first workers to start"
-    )
-    p.add_argument("--max-restarts", type=int, default=3, help="respawns allowed to get back to --min-np")
-    p.add_argument(
-        "--mode",
-        choices=["auto", "native", "restart"],
-        default="auto",
-        help="native: the script uses elastrain (live resize); restart: a torchrun-style script "
-        "restarted on each change; auto: native if the script imports elastrain",
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="log the coordinator's decisions")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    from elastrain.launcher.hosts import make_host_source
-    from elastrain.launcher.run import LaunchConfig, Launcher, check_command, uses_elastrain
-
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    check_command(command)
-    if args.max_restarts < 0:
-        raise ElastrainError("--max-restarts must be >= 0")
-    source = make_host_source(
-        args.host_list, args.hostfile, args.host_discovery_script, args.nproc_per_node, args.np
-    )
-    config = LaunchConfig(
-        command=command,
-        hosts=source,
-        np=args.np,
-        min_np=args.min_np,
-        max_np=args.max_np,
-        ledger_dir=args.ledger,
-        coordinator_host=args.coordinator_host,
-        coordinator_port=args.coordinator_port,
-        join_grace_s=args.join_grace,
-        heartbeat_timeout_s=args.heartbeat_timeout,
-        elastic_timeout_s=args.elastic_timeout,
-        start_timeout_s=args.start_timeout,
-        max_restarts=args.max_restarts,
-        restart_mode=args.mode == "restart" or (args.mode == "auto" and not uses_elastrain(command)),
-    )
-    return Launcher(config).run()
 
 
 def _add_hosts(sub: argparse._SubParsersAction) -> None:
@@ -109,12 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     """The full command-line parser."""
     parser = _Parser(prog="elastrain", description="Elastic distributed training.")
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    _add_run(sub)
+    add_run_parser(sub)
     sub.add_parser(
         "agent", help="join a job's coordinator as one host (see `elastrain agent --help`)", add_help=False
     )
     _add_hosts(sub)
     _add_demo(sub)
+    add_chaos_parser(sub)
+    from elastrain.cli.cluster import add_control_plane_commands
+
+    add_control_plane_commands(sub)  # server, cluster, user, job
+    from elastrain.scheduler.cli import add_simulate_command
+
+    add_simulate_command(sub)  # simulate (scheduler policies on a trace)
     return parser
 
 
@@ -130,7 +77,17 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="elastrain: %(message)s",
     )
-    handlers = {"run": _cmd_run, "hosts": _cmd_hosts, "demo": _cmd_demo}
+    from elastrain.cli.cluster import control_plane_handlers
+    from elastrain.scheduler.cli import cmd_simulate
+
+    handlers = {
+        "run": cmd_run,
+        "chaos": cmd_chaos,
+        "hosts": _cmd_hosts,
+        "demo": _cmd_demo,
+        **control_plane_handlers(),
+    }
+    handlers["simulate"] = cmd_simulate
     try:
         return handlers[args.cmd](args)
     except ElastrainError as exc:

@@ -232,7 +232,15 @@ class SlurmAgentStarter(AgentStarter):
         )
         with self._lock:
             self.steps[host] = proc
+        threading.Thread(target=self._report_exit, args=(host, proc), daemon=True).start()
         return proc
+
+    @staticmethod
+    def _report_exit(host: str, proc: subprocess.Popen[bytes]) -> None:
+        """Say so when an agent step fails (srun could not start it, the node died)."""
+        code = proc.wait()
+        if code != 0:
+            print(f"elastrain: the agent step on {host} (srun) ended with code {code}", file=sys.stderr)
 
 
 class SlurmAgent(Agent):
@@ -244,8 +252,12 @@ class SlurmAgent(Agent):
     """
 
     def __init__(self, config: AgentConfig) -> None:
-        self.draining = threading.Event()  # first: the coordinator may push as soon as we connect
+        # Set before connecting: the coordinator may push "spawn" as soon as the hello is answered,
+        # on the connection's reader thread, before `Agent.__init__` has even stored `self.client`.
+        self.draining = threading.Event()
+        self._connected = threading.Event()
         super().__init__(config)
+        self._connected.set()
 
     def terminate_all(self, sig: signal.Signals) -> None:
         super().terminate_all(sig)
@@ -255,6 +267,7 @@ class SlurmAgent(Agent):
             threading.Thread(target=self._leave_when_idle, name="elastrain-drain", daemon=True).start()
 
     def _spawn(self, worker_id: str, local_rank: int) -> None:
+        self._connected.wait(30)  # `self.client` exists (see __init__)
         if self.draining.is_set():
             log.warning("%s is leaving (SIGTERM): not starting worker %s", self.config.host, worker_id)
             return

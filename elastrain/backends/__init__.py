@@ -1,0 +1,1 @@
+"""Where containers live: the `Backend` ABC and its implementations (local for now)."""

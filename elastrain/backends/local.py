@@ -1,0 +1,247 @@
+"""The local backend: a container is a directory plus an init process on its own loopback address.
+
+Layout under ``<data-dir>/clusters/<cluster>/``::
+
+    hostfile                      the cluster's hostfile (rewritten atomically)
+    <container>/                  the container's root
+        container.json            spec + pid (how a restarted server adopts it)
+        ready                     written by the init process once its address is bound
+        etc/mpi/hostfile          symlink to ../../../hostfile
+        etc/environment           the container's environment (KEY=VALUE lines)
+        var/log/container.log     the init process's output
+        <mount target>            symlink to the mounted host path
+
+Every process started in a container carries ``ELASTRAIN_CLUSTER_UID`` and ``ELASTRAIN_CONTAINER_UID``
+in its environment, so deleting a cluster finds and stops all of them, including a job's agents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, Mount
+from elastrain.backends.procs import cmdline, pid_alive, pids_with_env, terminate
+from elastrain.hostfile import atomic_write_text
+
+HOSTFILE_PATH = "/etc/mpi/hostfile"
+CLUSTER_UID_ENV = "ELASTRAIN_CLUSTER_UID"
+CONTAINER_UID_ENV = "ELASTRAIN_CONTAINER_UID"
+
+
+class LocalBackend(Backend):
+    """Containers as directories and processes on this machine."""
+
+    def __init__(self, data_dir: Path, stop_timeout_s: float = 5.0) -> None:
+        self.root = Path(data_dir).resolve() / "clusters"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.stop_timeout_s = stop_timeout_s
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    # --- paths -------------------------------------------------------------------------------------
+    def cluster_dir(self, cluster: str) -> Path:
+        """The cluster's directory."""
+        return self.root / cluster
+
+    def container_root(self, cluster: str, name: str) -> Path:
+        """A container's root directory."""
+        return self.root / cluster / name
+
+    def container_path(self, cluster: str, name: str, path: str) -> Path:
+        """Map absolute container `path` to this machine."""
+        return self.container_root(cluster, name) / path.lstrip("/")
+
+    def environment(self, spec: ContainerSpec) -> dict[str, str]:
+        """The environment variables of a container (added to the server's own for commands)."""
+        root = self.container_root(spec.cluster, spec.name)
+        gpus = ",".join(str(g) for g in spec.gpu_ids)
+        env = {
+            "ELASTRAIN_CLUSTER": spec.cluster,
+            "ELASTRAIN_CONTAINER": spec.name,
+            "ELASTRAIN_CONTAINER_ROLE": spec.role,
+            "ELASTRAIN_CONTAINER_ADDRESS": spec.address,
+            "ELASTRAIN_CONTAINER_ROOT": str(root),
+            "ELASTRAIN_HOSTFILE": str(root / HOSTFILE_PATH.lstrip("/")),
+            "ELASTRAIN_VISIBLE_GPUS": gpus,
+            "ELASTRAIN_SHM_BYTES": str(spec.shm_bytes),
+            CLUSTER_UID_ENV: spec.cluster_uid,
+            CONTAINER_UID_ENV: f"{spec.cluster_uid}/{spec.name}",
+        }
+        if spec.real_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
+        env.update(spec.env)
+        return env
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def create_container(self, spec: ContainerSpec) -> ContainerStatus:
+        """Lay out the root, then start the init process (idempotent)."""
+        root = self.container_root(spec.cluster, spec.name)
+        current = self._status(root)
+        if current is not None and current.alive:
+            return current
+        (root / "etc" / "mpi").mkdir(parents=True, exist_ok=True)
+        (root / "var" / "log").mkdir(parents=True, exist_ok=True)
+        (root / "ready").unlink(missing_ok=True)
+        cluster_hostfile = self.cluster_dir(spec.cluster) / "hostfile"
+        if not cluster_hostfile.exists():
+            atomic_write_text(cluster_hostfile, "# generation: 0\n")
+        link = root / "etc" / "mpi" / "hostfile"
+        if not link.is_symlink():
+            link.unlink(missing_ok=True)
+            link.symlink_to(Path("..") / ".." / ".." / "hostfile")
+        for mount in spec.mounts:
+            self._mount(root, mount)
+        env = self.environment(spec)
+        atomic_write_text(root / "etc" / "environment", "".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+        meta = {**asdict(spec), "pid": None, "started_at": time.time()}
+        log = open(root / "var" / "log" / "container.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "elastrain.backends.container_proc",
+                    "--root",
+                    str(root),
+                    "--address",
+                    spec.address,
+                ],
+                cwd=root,
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        with self._lock:
+            self._children[proc.pid] = proc
+        meta["pid"] = proc.pid
+        atomic_write_text(root / "container.json", json.dumps(meta, indent=1))
+        return ContainerStatus(spec.cluster, spec.name, proc.pid, True, False, spec.address)
+
+    def _mount(self, root: Path, mount: Mount) -> None:
+        target = root / mount.target.strip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink() and os.readlink(target) == mount.source:
+            return
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+        target.symlink_to(mount.source)
+
+    def delete_container(self, cluster: str, name: str, cluster_uid: str = "") -> None:
+        """Stop the init process and every command run in the container, then remove its root."""
+        root = self.container_root(cluster, name)
+        status = self._status(root)
+        pids = [status.pid] if status is not None and status.pid and status.alive else []
+        if cluster_uid:
+            pids += pids_with_env(CONTAINER_UID_ENV, f"{cluster_uid}/{name}")
+        terminate(pids, self.stop_timeout_s)
+        self._poll_children()
+        shutil.rmtree(root, ignore_errors=True)
+
+    def delete_cluster(self, cluster: str, cluster_uid: str) -> None:
+        """Stop every process carrying the cluster's uid and every init process, remove the files."""
+        pids = pids_with_env(CLUSTER_UID_ENV, cluster_uid) if cluster_uid else []
+        for status in self.list_containers():
+            if status.cluster == cluster and status.alive and status.pid:
+                pids.append(status.pid)
+        terminate(pids, self.stop_timeout_s)
+        self._poll_children()
+        shutil.rmtree(self.cluster_dir(cluster), ignore_errors=True)
+
+    def list_containers(self) -> list[ContainerStatus]:
+        """Scan the data directory; a container is alive when its recorded pid runs its init."""
+        self._poll_children()
+        found = []
+        for meta_path in sorted(self.root.glob("*/*/container.json")):
+            status = self._status(meta_path.parent)
+            if status is not None:
+                found.append(status)
+        return found
+
+    def _status(self, root: Path) -> ContainerStatus | None:
+        try:
+            meta = json.loads((root / "container.json").read_text())
+        except (OSError, ValueError):
+            return None
+        pid = meta.get("pid")
+        alive = bool(pid) and self._is_init(int(pid), root)
+        ready = alive and (root / "ready").exists()
+        return ContainerStatus(meta["cluster"], meta["name"], pid, alive, ready, meta.get("address", ""))
+
+    def _is_init(self, pid: int, root: Path) -> bool:
+        with self._lock:
+            child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            return False
+        return pid_alive(pid) and str(root) in cmdline(pid)
+
+    def _poll_children(self) -> None:
+        with self._lock:
+            for pid, child in list(self._children.items()):
+                if child.poll() is not None:
+                    del self._children[pid]
+
+    # --- files, commands, logs ---------------------------------------------------------------------
+    def write_cluster_file(self, cluster: str, path: str, text: str) -> None:
+        """Only the hostfile is shared: every container's ``etc/mpi/hostfile`` links to one file."""
+        if path != HOSTFILE_PATH:
+            for root in self.cluster_dir(cluster).iterdir():
+                if (root / "container.json").exists():
+                    atomic_write_text(root / path.lstrip("/"), text)
+            return
+        atomic_write_text(self.cluster_dir(cluster) / "hostfile", text)
+
+    def exec(
+        self, spec: ContainerSpec, command: list[str], log_path: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Run `command` in the container's root with its environment, in a new session."""
+        root = self.container_root(spec.cluster, spec.name)
+        env = {**os.environ, **self.environment(spec)}
+        bin_dir = str(Path(sys.executable).parent)  # the venv's `elastrain` and `python` come first
+        env["PATH"] = os.pathsep.join(
+            [bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p != bin_dir)]
+        )
+        if log_path is None:
+            return subprocess.Popen(
+                command,
+                cwd=root,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                command,
+                cwd=root,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def logs(self, cluster: str, name: str) -> Iterator[str]:
+        """Lines of the container's init log."""
+        path = self.container_root(cluster, name) / "var" / "log" / "container.log"
+        try:
+            with open(path, errors="replace") as f:
+                yield from f
+        except FileNotFoundError:
+            return

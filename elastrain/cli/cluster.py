@@ -1,0 +1,280 @@
+"""`elastrain server | cluster | user`: the control-plane commands (a thin layer over `elastrain.client`).
+
+Every command reads ``ELASTRAIN_URL`` and ``ELASTRAIN_TOKEN`` (``--url``/``--token`` override). Errors
+are `ElastrainError`s, which `elastrain.cli.main` prints as one line with a non-zero exit. The flow::
+
+    elastrain server --data-dir ~/.elastrain --gpus 8 &          # prints the URL and the admin token
+    export ELASTRAIN_URL=http://127.0.0.1:8080 ELASTRAIN_TOKEN=$(cat ~/.elastrain/admin-token)
+    elastrain cluster create tthvd --framework horovod --containers 2 --gpus-per-container 1 \
+        --shm 1Gi --mount ./examples:/examples --wait
+    elastrain cluster get tthvd                                   # -o json for scripts
+    elastrain cluster hostfile tthvd
+    elastrain cluster exec tthvd -- elastrain run -np 1 --hostfile /etc/mpi/hostfile \
+        python /examples/mnist_elastic.py
+    elastrain job submit tthvd -- elastrain run -v --min-np 1 --max-np 4 --hostfile /etc/mpi/hostfile \
+        python /examples/mnist_elastic.py --epochs 20
+    elastrain cluster scale tthvd --containers 5                  # the job grows into the new workers
+    elastrain job logs -f 1; elastrain job get 1; elastrain job list
+    elastrain cluster delete tthvd                                # stops every process of the cluster
+    elastrain user create alice                                   # admin: prints alice's token
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from elastrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from elastrain.client import Client, ClusterInfo
+
+CONTROL_PLANE_COMMANDS = ("server", "cluster", "user", "job")
+
+
+def _connection_flags() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--url", help="control plane URL (default: $ELASTRAIN_URL or http://127.0.0.1:8080)")
+    parent.add_argument("--token", help="API token (default: $ELASTRAIN_TOKEN)")
+    return parent
+
+
+def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `server`, `cluster`, `user` and `job` on the top-level parser."""
+    from elastrain.cli.job import add_job_parser
+    from elastrain.server.main import add_server_parser
+
+    add_server_parser(sub)
+    conn = _connection_flags()
+    cluster = sub.add_parser("cluster", help="create, inspect, scale, exec into and delete training clusters")
+    csub = cluster.add_subparsers(dest="action", required=True, parser_class=type(cluster))
+    p = csub.add_parser("create", parents=[conn], help="create a cluster (one launcher + workers)")
+    p.add_argument("name", help="DNS-label name, e.g. tthvd")
+    p.add_argument("--framework", default="horovod", help="horovod, deepspeed, megatron, pytorch or slurm")
+    p.add_argument("--containers", type=int, default=2, help="containers including the launcher (>= 2)")
+    p.add_argument("--gpus-per-container", type=int, default=0, help="GPUs for each container")
+    p.add_argument("--shm", default="64Mi", help="shared memory per container, e.g. 1Gi")
+    p.add_argument("--mount", action="append", default=[], metavar="SRC:DST", help="mount a host path")
+    p.add_argument("--image", default="local", help="container image (the local backend ignores it)")
+    p.add_argument("--restart-policy", default="Always", choices=["Always", "Never"])
+    p.add_argument("--wait", action="store_true", help="wait until every container is Running")
+    p = csub.add_parser("get", parents=[conn], help="show a cluster and its containers")
+    p.add_argument("name")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p = csub.add_parser("list", parents=[conn], help="list your clusters")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p = csub.add_parser("hostfile", parents=[conn], help="print the cluster's hostfile")
+    p.add_argument("name")
+    p = csub.add_parser("scale", parents=[conn], help="change the number of containers (launcher included)")
+    p.add_argument("name")
+    p.add_argument("--containers", type=int, required=True)
+    p.add_argument("--wait", action="store_true", help="wait until the new size is Running")
+    p = csub.add_parser("delete", parents=[conn], help="stop every process of the cluster and remove it")
+    p.add_argument("name")
+    p.add_argument("--no-wait", action="store_true", help="return without waiting for the removal")
+    p = csub.add_parser("exec", parents=[conn], help="run a command in the launcher container")
+    p.add_argument("name")
+    p.add_argument("--container", help="run in this container instead of the launcher")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    p = csub.add_parser("events", parents=[conn], help="the cluster's audit trail")
+    p.add_argument("name")
+    p = csub.add_parser("logs", parents=[conn], help="a container's captured output (default: the launcher)")
+    p.add_argument("name")
+    p.add_argument("--container", help="container name (see cluster get)")
+    user = sub.add_parser("user", help="manage users (admin)")
+    usub = user.add_subparsers(dest="action", required=True, parser_class=type(user))
+    p = usub.add_parser("create", parents=[conn], help="create a user and print their API token")
+    p.add_argument("name")
+    p.add_argument("--admin", action="store_true", help="the user may create users too")
+    usub.add_parser("whoami", parents=[conn], help="print the user the token belongs to")
+    add_job_parser(sub, conn)
+
+
+def control_plane_handlers() -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Command name -> handler, for `elastrain.cli.main`."""
+    return dict.fromkeys(CONTROL_PLANE_COMMANDS, run_control_plane)
+
+
+def run_control_plane(args: argparse.Namespace) -> int:
+    """Dispatch one control-plane command."""
+    if args.cmd == "server":
+        from elastrain.server.main import run_server
+
+        return run_server(args)
+    if args.cmd == "job":
+        from elastrain.cli.job import run_job_command
+
+        return run_job_command(args)
+    from elastrain.client import Client
+
+    with Client(args.url, args.token) as client:
+        try:
+            if args.cmd == "user":
+                return _user(client, args)
+            return _CLUSTER_ACTIONS[args.action](client, args)
+        except BrokenPipeError:  # `elastrain cluster get X -o json | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+
+
+def _user(client: Client, args: argparse.Namespace) -> int:
+    if args.action == "whoami":
+        me = client.me()
+        print(f"{me['name']}{' (admin)' if me['admin'] else ''}")
+        return 0
+    token = client.create_user(args.name, admin=args.admin)
+    print(f"user {args.name} created; token (shown once):", file=sys.stderr)
+    print(token)
+    return 0
+
+
+def resolve_mount(spec: str, cwd: Path | None = None) -> str:
+    """``./data:/data`` -> ``/abs/path/data:/data`` (the source is resolved on this machine)."""
+    source, sep, target = spec.rpartition(":")
+    if not sep or not source or not target:
+        raise ConfigError(f"--mount {spec!r} is not SRC:DST; write e.g. --mount ./data:/data")
+    path = Path(source).expanduser()
+    if not path.is_absolute():
+        path = (cwd or Path.cwd()) / path
+    return f"{os.path.normpath(path)}:{target}"
+
+
+def _create(client: Client, args: argparse.Namespace) -> int:
+    cluster = client.create_cluster(
+        args.name,
+        framework=args.framework,
+        containers=args.containers,
+        gpus_per_container=args.gpus_per_container,
+        shm=args.shm,
+        image=args.image,
+        mounts=[resolve_mount(m) for m in args.mount],
+        restart_policy=args.restart_policy,
+    )
+    if args.wait:
+        cluster = client.wait_cluster(args.name, _all_running, timeout=120)
+    workers = cluster.desired_containers - 1
+    print(f"cluster {cluster.name} created: 1 launcher + {workers} worker(s), state {cluster.state}")
+    return 0
+
+
+def _all_running(cluster: ClusterInfo) -> bool:
+    return (
+        cluster.state == "Running"
+        and len(cluster.running()) == cluster.desired_containers
+        and all(c.state == "Running" for c in cluster.containers)
+    )
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _get(client: Client, args: argparse.Namespace) -> int:
+    cluster = client.get_cluster(args.name)
+    if args.output == "json":
+        print(json.dumps(cluster.summary(), indent=2))
+        return 0
+    print(
+        f"cluster {cluster.name}: {cluster.framework}, {cluster.state}"
+        f"{' (' + cluster.reason + ')' if cluster.reason else ''}, "
+        f"{len(cluster.running())}/{cluster.desired_containers} containers running, "
+        f"hostfile generation {cluster.hostfile_generation}"
+    )
+    rows = [["NAME", "ROLE", "ADDRESS", "GPUS", "STATE", "STARTED"]]
+    for c in cluster.containers:
+        gpus = f"{c.gpus} ({','.join(map(str, c.gpu_ids))})" if c.gpu_ids else str(c.gpus)
+        started = (c.started_at or "-")[:19].replace("T", " ")
+        rows.append(
+            [c.name, c.role, c.address, gpus, c.state + (f": {c.reason}" if c.reason else ""), started]
+        )
+    print(_table(rows))
+    print(f"run training: elastrain cluster exec {cluster.name} -- {cluster.raw.get('launch_hint', '')}")
+    return 0
+
+
+def _list(client: Client, args: argparse.Namespace) -> int:
+    clusters = client.list_clusters()
+    if args.output == "json":
+        print(json.dumps([c.summary() for c in clusters], indent=2))
+        return 0
+    rows = [["NAME", "FRAMEWORK", "STATE", "CONTAINERS", "GENERATION"]]
+    for c in clusters:
+        rows.append(
+            [
+                c.name,
+                c.framework,
+                c.state,
+                f"{len(c.running())}/{c.desired_containers}",
+                str(c.hostfile_generation),
+            ]
+        )
+    print(_table(rows) if clusters else "no clusters")
+    return 0
+
+
+def _hostfile(client: Client, args: argparse.Namespace) -> int:
+    sys.stdout.write(client.hostfile(args.name))
+    return 0
+
+
+def _scale(client: Client, args: argparse.Namespace) -> int:
+    cluster = client.scale_cluster(args.name, args.containers)
+    if args.wait:
+        cluster = client.wait_cluster(args.name, _all_running, timeout=120)
+    print(f"cluster {cluster.name}: {cluster.desired_containers} containers desired, state {cluster.state}")
+    return 0
+
+
+def _delete(client: Client, args: argparse.Namespace) -> int:
+    client.delete_cluster(args.name)
+    if not args.no_wait:
+        client.wait_deleted(args.name, timeout=120)
+        print(f"cluster {args.name} deleted")
+    else:
+        print(f"cluster {args.name} is being deleted")
+    return 0
+
+
+def _exec(client: Client, args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ConfigError("no command given; e.g. elastrain cluster exec tthvd -- hostname")
+    code = 0
+    for item in client.exec(args.name, command, container=args.container):
+        if isinstance(item, int):
+            code = item
+        else:
+            sys.stdout.write(item)
+            sys.stdout.flush()
+    return code
+
+
+def _events(client: Client, args: argparse.Namespace) -> int:
+    for event in client.events(args.name):
+        detail = " ".join(f"{k}={v}" for k, v in event["detail"].items())
+        print(f"{event['at'][:19].replace('T', ' ')}  {event['actor']:<10}  {event['action']:<26}  {detail}")
+    return 0
+
+
+def _logs(client: Client, args: argparse.Namespace) -> int:
+    sys.stdout.write(client.container_logs(args.name, args.container))
+    return 0
+
+
+_CLUSTER_ACTIONS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+    "create": _create,
+    "get": _get,
+    "list": _list,
+    "hostfile": _hostfile,
+    "scale": _scale,
+    "delete": _delete,
+    "exec": _exec,
+    "events": _events,
+    "logs": _logs,
+}

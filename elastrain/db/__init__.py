@@ -1,0 +1,1 @@
+"""Control-plane state: SQLAlchemy 2 models, a session/repository helper and Alembic migrations."""

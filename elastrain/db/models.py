@@ -1,0 +1,208 @@
+"""SQLAlchemy 2 models of the control plane: users and tokens, clusters, containers, jobs, events."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+class Framework(str, enum.Enum):
+    """The training framework a cluster is set up for (launcher command template, hostfile flavour)."""
+
+    horovod = "horovod"
+    deepspeed = "deepspeed"
+    megatron = "megatron"
+    pytorch = "pytorch"
+    slurm = "slurm"
+
+
+class ClusterState(str, enum.Enum):
+    """Lifecycle of a cluster as a whole."""
+
+    Pending = "Pending"
+    Running = "Running"
+    Terminating = "Terminating"
+
+
+class RestartPolicy(str, enum.Enum):
+    """What the reconciler does with a container whose process died."""
+
+    Always = "Always"
+    Never = "Never"
+
+
+class ContainerRole(str, enum.Enum):
+    """A cluster has one launcher and one or more workers."""
+
+    launcher = "launcher"
+    worker = "worker"
+
+
+class ContainerState(str, enum.Enum):
+    """Lifecycle of one container."""
+
+    Pending = "Pending"
+    Running = "Running"
+    Failed = "Failed"
+    Terminating = "Terminating"
+
+
+class JobStatus(str, enum.Enum):
+    """Lifecycle of a submitted job."""
+
+    Pending = "Pending"
+    Running = "Running"
+    Succeeded = "Succeeded"
+    Failed = "Failed"
+    Cancelled = "Cancelled"
+
+
+def _enum(cls: type[enum.Enum], name: str) -> Enum:
+    return Enum(cls, name=name, native_enum=False, length=32, validate_strings=True)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every control-plane table."""
+
+
+class User(Base):
+    """An API user; admins may create other users."""
+
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    tokens: Mapped[list[ApiToken]] = relationship(back_populates="user", cascade="all, delete-orphan")
+
+
+class ApiToken(Base):
+    """A bearer token, stored only as its SHA-256 hash."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    user: Mapped[User] = relationship(back_populates="tokens")
+
+
+class Cluster(Base):
+    """Desired state of a training cluster (the reconciler makes the backend match it)."""
+
+    __tablename__ = "clusters"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    uid: Mapped[str] = mapped_column(String(32), unique=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    framework: Mapped[Framework] = mapped_column(_enum(Framework, "framework"))
+    desired_containers: Mapped[int] = mapped_column(Integer)
+    gpus_per_container: Mapped[int] = mapped_column(Integer, default=0)
+    shm_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    image: Mapped[str] = mapped_column(String(255), default="local")
+    mounts: Mapped[str] = mapped_column(Text, default="[]")
+    restart_policy: Mapped[RestartPolicy] = mapped_column(
+        _enum(RestartPolicy, "restart_policy"), default=RestartPolicy.Always
+    )
+    hostfile_generation: Mapped[int] = mapped_column(Integer, default=0)
+    hostfile_text: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[ClusterState] = mapped_column(
+        _enum(ClusterState, "cluster_state"), default=ClusterState.Pending
+    )
+    reason: Mapped[str] = mapped_column(Text, default="")
+    next_index: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    containers: Mapped[list[Container]] = relationship(
+        back_populates="cluster", cascade="all, delete-orphan", order_by="Container.id"
+    )
+    owner: Mapped[User] = relationship()
+
+
+class Container(Base):
+    """One container of a cluster: its address, GPUs and observed state."""
+
+    __tablename__ = "containers"
+    __table_args__ = (UniqueConstraint("cluster_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(80))
+    role: Mapped[ContainerRole] = mapped_column(_enum(ContainerRole, "container_role"))
+    address: Mapped[str] = mapped_column(String(15), unique=True)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_ids: Mapped[str] = mapped_column(String(255), default="")
+    state: Mapped[ContainerState] = mapped_column(
+        _enum(ContainerState, "container_state"), default=ContainerState.Pending
+    )
+    reason: Mapped[str] = mapped_column(Text, default="")
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    terminating_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    cluster: Mapped[Cluster] = relationship(back_populates="containers")
+
+
+class Job(Base):
+    """A command run detached in a cluster's launcher container, with its last reported progress."""
+
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), index=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    command: Mapped[str] = mapped_column(Text)
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"), default=JobStatus.Pending)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    samples_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    world_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    report_token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)  # migration 0002
+    log_path: Mapped[str] = mapped_column(Text, default="")  # migration 0002
+
+
+class JobMetric(Base):
+    """One progress report of a job (the time series behind the job's last values)."""
+
+    __tablename__ = "job_metrics"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    samples_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    world_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class Event(Base):
+    """Audit trail: who (a user name, or ``reconciler``) did what to which object, when."""
+
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(63))
+    action: Mapped[str] = mapped_column(String(63))
+    cluster: Mapped[str] = mapped_column(String(63), default="", index=True)
+    owner_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    detail: Mapped[str] = mapped_column(Text, default="")

@@ -1,0 +1,117 @@
+"""Queries and small write helpers over the models; services and the reconciler use these."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from elastrain.db.models import ApiToken, Cluster, Container, Event, Job, User
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 hex digest of a token (only the hash is stored)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh random bearer token."""
+    return "et_" + secrets.token_urlsafe(32)
+
+
+def issue_token(session: Session, user: User) -> str:
+    """Create a token for `user`, store its hash, return the token itself (shown once)."""
+    token = new_token()
+    session.add(ApiToken(user=user, token_hash=hash_token(token)))
+    return token
+
+
+def create_user(session: Session, name: str, is_admin: bool = False) -> tuple[User, str]:
+    """Create a user with one token; returns (user, token)."""
+    user = User(name=name, is_admin=is_admin)
+    session.add(user)
+    token = issue_token(session, user)
+    session.flush()
+    return user, token
+
+
+def user_by_name(session: Session, name: str) -> User | None:
+    """The user called `name`, if any."""
+    return session.scalar(select(User).where(User.name == name))
+
+
+def user_by_token(session: Session, token: str) -> User | None:
+    """The user a bearer token belongs to, if any."""
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+    return row.user if row is not None else None
+
+
+def add_event(
+    session: Session,
+    actor: str,
+    action: str,
+    cluster: str = "",
+    owner_id: int | None = None,
+    **detail: object,
+) -> None:
+    """Append an audit event."""
+    session.add(
+        Event(
+            actor=actor,
+            action=action,
+            cluster=cluster,
+            owner_id=owner_id,
+            detail=json.dumps(detail, default=str),
+        )
+    )
+
+
+def visible_clusters(session: Session, user: User) -> list[Cluster]:
+    """Clusters `user` may see: their own (admins see every cluster)."""
+    query = select(Cluster).options(selectinload(Cluster.containers)).order_by(Cluster.id)
+    if not user.is_admin:
+        query = query.where(Cluster.owner_id == user.id)
+    return list(session.scalars(query))
+
+
+def find_cluster(session: Session, user: User, name: str) -> Cluster | None:
+    """The cluster `name` if `user` may see it, else None (the API answers 404 either way)."""
+    cluster = session.scalar(select(Cluster).where(Cluster.name == name))
+    if cluster is None or (cluster.owner_id != user.id and not user.is_admin):
+        return None
+    return cluster
+
+
+def cluster_by_name(session: Session, name: str) -> Cluster | None:
+    """The cluster `name`, whoever owns it."""
+    return session.scalar(select(Cluster).where(Cluster.name == name))
+
+
+def all_clusters(session: Session) -> list[Cluster]:
+    """Every cluster with its containers (the reconciler's view)."""
+    query = select(Cluster).options(selectinload(Cluster.containers)).order_by(Cluster.id)
+    return list(session.scalars(query))
+
+
+def events_for(session: Session, cluster: str, limit: int = 100) -> list[Event]:
+    """The newest audit events of a cluster, oldest first."""
+    query = select(Event).where(Event.cluster == cluster).order_by(Event.id.desc()).limit(limit)
+    return list(reversed(list(session.scalars(query))))
+
+
+def all_containers(session: Session) -> list[Container]:
+    """Every container row."""
+    return list(session.scalars(select(Container)))
+
+
+def visible_jobs(session: Session, user: User, cluster: Cluster | None = None) -> list[Job]:
+    """Jobs `user` may see, optionally of one cluster."""
+    query = select(Job).order_by(Job.id)
+    if not user.is_admin:
+        query = query.where(Job.owner_id == user.id)
+    if cluster is not None:
+        query = query.where(Job.cluster_id == cluster.id)
+    return list(session.scalars(query))

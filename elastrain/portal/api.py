@@ -1,0 +1,132 @@
+"""Browser-only API routes under ``/api/v1``: a job's metrics history and the launcher terminal.
+
+They follow the REST API's rules: a bearer token (the terminal sends it as its first WebSocket
+message, since browsers cannot set headers on a WebSocket), and only the owner sees a cluster or job.
+"""
+
+import asyncio
+import json
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, WebSocket, WebSocketDisconnect
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from elastrain.db.models import ContainerRole, ContainerState, JobMetric, User
+from elastrain.db.repository import find_cluster
+from elastrain.portal.terminal import TerminalSession, TerminalTarget
+from elastrain.server.errors import Conflict, NotFound, Unauthorized
+from elastrain.server.jobs import JobService
+from elastrain.server.reconciler import aware, container_spec
+from elastrain.server.services import Services
+
+log = logging.getLogger("elastrain.portal")
+_bearer = HTTPBearer(auto_error=False)
+AUTH_TIMEOUT_S = 10.0
+MAX_ID = 2**62  # database integers are 64-bit; larger ids are a 422, not a 500
+
+
+class MetricOut(BaseModel):
+    """One progress report of a job."""
+
+    id: int
+    at: str
+    step: int | None
+    epoch: int | None
+    loss: float | None
+    samples_per_s: float | None
+    world_size: int | None
+
+
+def _user(services: Services, token: str) -> User:
+    with services.db.session() as session:
+        user = services.authenticate(session, token)
+        if user is None:
+            raise Unauthorized("unknown token; ask an admin for one (elastrain user create NAME)")
+        session.expunge(user)
+        return user
+
+
+def terminal_target(services: Services, user: User, name: str) -> TerminalTarget:
+    """Where the caller's terminal runs: the launcher container of their cluster `name` (404 otherwise)."""
+    with services.db.session() as session:
+        cluster = find_cluster(session, user, name)
+        if cluster is None:
+            raise NotFound(f"cluster {name!r} not found")
+        launchers = [k for k in cluster.containers if k.role == ContainerRole.launcher]
+        if not launchers or launchers[0].state != ContainerState.Running:
+            raise Conflict(f"the launcher container of {name!r} is not Running yet; wait and retry")
+        spec = container_spec(cluster, launchers[0], services.inventory.real)
+    backend = services.backend
+    root = backend.container_path(spec.cluster, spec.name, "/")
+    environment = getattr(backend, "environment", None)
+    env = environment(spec) if callable(environment) else {}
+    return TerminalTarget(cwd=root, env=env, label=f"{spec.cluster}/{spec.name}")
+
+
+def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
+    """Register ``GET /api/v1/jobs/{id}/metrics`` and ``WS /api/v1/clusters/{name}/terminal``."""
+
+    def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> User:
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            raise Unauthorized("missing bearer token; set ELASTRAIN_TOKEN or pass --token")
+        return _user(services, credentials.credentials)
+
+    api = APIRouter(prefix="/api/v1")
+
+    @api.get("/jobs/{job_id}/metrics", response_model=list[MetricOut], tags=["jobs"])
+    def job_metrics(
+        job_id: Annotated[int, Path(ge=0, le=MAX_ID)],
+        user: Annotated[User, Depends(caller)],
+        after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+        limit: Annotated[int, Query(ge=1, le=20000)] = 5000,
+    ) -> list[MetricOut]:
+        """The job's progress reports in order (those with id > `after`): the time series behind charts."""
+        jobs.get(user, job_id)  # 404 unless it is the caller's
+        with services.db.session() as session:
+            rows = session.scalars(
+                select(JobMetric)
+                .where(JobMetric.job_id == job_id, JobMetric.id > after)
+                .order_by(JobMetric.id)
+                .limit(limit)
+            )
+            return [
+                MetricOut(
+                    id=m.id,
+                    at=(aware(m.at) or m.at).isoformat(),
+                    step=m.step,
+                    epoch=m.epoch,
+                    loss=m.loss,
+                    samples_per_s=m.samples_per_s,
+                    world_size=m.world_size,
+                )
+                for m in rows
+            ]
+
+    @api.websocket("/clusters/{name}/terminal")
+    async def terminal(websocket: WebSocket, name: str) -> None:
+        """A shell in the launcher container. First message ``{"token": ...}``; then ``{"input": str}``
+        and ``{"resize": [cols, rows]}``; the server sends the terminal's output as text."""
+        await websocket.accept()
+        try:
+            hello = json.loads(await asyncio.wait_for(websocket.receive_text(), AUTH_TIMEOUT_S))
+            user = _user(services, str(hello.get("token", "")))
+            target = await asyncio.to_thread(terminal_target, services, user, name)
+        except (Unauthorized, NotFound, Conflict) as exc:
+            await websocket.send_text(f"\r\n{exc}\r\n")
+            await websocket.close(code=4000 + exc.status, reason=str(exc)[:120])
+            return
+        except (TimeoutError, ValueError, AttributeError, WebSocketDisconnect):
+            await websocket.close(code=4400, reason='send {"token": ...} first')
+            return
+        log.info("terminal for %s in %s", user.name, target.label)
+        size = hello.get("resize")
+        session = TerminalSession.start(target, size if isinstance(size, list) else None)
+        try:
+            await session.bridge(websocket)
+        finally:
+            session.close()
+
+    app.include_router(api)

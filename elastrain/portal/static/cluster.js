@@ -1,0 +1,132 @@
+"use strict";
+/** Split a command line like a POSIX shell does for words: quotes and backslashes, no expansion. */
+function shellSplit(line) {
+  const words = [];
+  let word = null;
+  let quote = null;
+  for (let i = 0; i < line.length; i++) {
+    const ch = line[i];
+    if (quote) {
+      if (ch === quote) quote = null;
+      else if (ch === "\\" && quote === '"' && i + 1 < line.length) word += line[++i];
+      else word += ch;
+    } else if (ch === "'" || ch === '"') { quote = ch; word = word ?? ""; }
+    else if (ch === "\\" && i + 1 < line.length) { word = (word ?? "") + line[++i]; }
+    else if (/\s/.test(ch)) { if (word !== null) { words.push(word); word = null; } }
+    else word = (word ?? "") + ch;
+  }
+  if (quote) throw new Error("unterminated " + quote + " quote in the command");
+  if (word !== null) words.push(word);
+  return words;
+}
+
+/* One cluster: containers, hostfile, jobs and events, refreshed every second without a reload. */
+document.addEventListener("DOMContentLoaded", () => {
+  const { api, el, stateBadge } = Portal;
+  const $ = (id) => document.getElementById(id);
+  const name = document.body.dataset.cluster;
+  const path = "/clusters/" + encodeURIComponent(name);
+  let cluster = null;
+  let hintSet = false;
+
+  function summary(c) {
+    const running = c.containers.filter((k) => k.state === "Running").length;
+    const items = [
+      ["Framework", Portal.framework(c.framework)], ["Containers", `${running}/${c.desired_containers} Running`],
+      ["GPUs per container", String(c.gpus_per_container)], ["Shared memory", c.shm],
+      ["Image", c.image], ["Storage", c.mounts.length ? c.mounts.join(", ") : "none"],
+      ["Owner", c.owner], ["Run training", c.launch_hint],
+    ];
+    if (c.reason) items.splice(2, 0, ["Reason", c.reason]);
+    $("cluster-summary").replaceChildren(...items.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  }
+
+  function containerRow(k) {
+    const gpus = k.gpu_ids.length ? `${k.gpus} (${k.gpu_ids.join(",")})` : String(k.gpus);
+    return el("tr", { "data-container": k.name },
+      el("td", { "data-label": "Name" }, k.name),
+      el("td", { "data-label": "Role" }, k.role),
+      el("td", { "data-label": "Address" }, k.address || "-"),
+      el("td", { "data-label": "GPUs" }, gpus),
+      el("td", { "data-label": "State", class: "container-state" }, stateBadge(k.state),
+         k.reason ? el("span", { class: "reason" }, " " + k.reason) : ""),
+      el("td", { "data-label": "Started" }, Portal.dateTime(k.started_at)));
+  }
+
+  function describe(e) {
+    const d = e.detail || {};
+    switch (e.action) {
+      case "cluster.created": return `created with ${d.containers} containers (${d.framework})`;
+      case "cluster.scaled": return `scaled ${d.before} → ${d.after} containers`;
+      case "cluster.exec": return `exec ${(d.command || []).join(" ")}`;
+      case "cluster.running": return "all containers Running";
+      case "container.created": return `container ${d.container} created at ${d.address}`;
+      case "container.running": return `container ${d.container} Running${d.adopted ? " (adopted)" : ""}`;
+      case "container.failed": return `container ${d.container} failed${d.reason ? ": " + d.reason : ""}`;
+      case "hostfile.written": return `hostfile generation ${d.generation}: ${(d.hosts || []).length} worker(s)`;
+      case "job.submitted": return `job #${d.job} submitted: ${(d.command || []).join(" ")}`;
+      default: {
+        const rest = Object.entries(d).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`);
+        return e.action + (rest.length ? " " + rest.join(" ") : "");
+      }
+    }
+  }
+
+  function jobRow(j) {
+    return el("tr", { "data-job": String(j.id) },
+      el("td", { "data-label": "Job" }, el("a", { href: "/jobs/" + j.id }, "#" + j.id)),
+      el("td", { "data-label": "Status" }, stateBadge(j.status)),
+      el("td", { "data-label": "World size" }, j.world_size ?? "-"),
+      el("td", { "data-label": "Step" }, j.step ?? "-"),
+      el("td", { "data-label": "Loss" }, j.loss == null ? "-" : j.loss.toFixed(4)),
+      el("td", { "data-label": "Command", class: "cmd" }, j.command.join(" ")));
+  }
+
+  async function refresh() {
+    try {
+      cluster = await api("GET", path);
+    } catch (err) {
+      if (err.status === 404) {
+        $("cluster-view").hidden = true;
+        throw new Portal.ApiError(404, `Cluster “${name}” not found.`);
+      }
+      throw err;
+    }
+    $("cluster-view").hidden = false;
+    $("cluster-state").replaceChildren(stateBadge(cluster.state));
+    summary(cluster);
+    $("containers-body").replaceChildren(...cluster.containers.map(containerRow));
+    if (!hintSet) { $("job-command").value = cluster.launch_hint.split(" # ")[0]; hintSet = true; }
+    const [hostfile, events, jobs] = await Promise.all([
+      api("GET", path + "/hostfile"), api("GET", path + "/events"),
+      api("GET", "/jobs?cluster=" + encodeURIComponent(name)),
+    ]);
+    $("hostfile-generation").textContent = `(generation ${cluster.hostfile_generation})`;
+    $("hostfile").textContent = hostfile || "(empty: no Running workers yet)";
+    $("events-body").replaceChildren(...events.slice().reverse().map((e) => el("tr", {},
+      el("td", { "data-label": "Time" }, Portal.dateTime(e.at)),
+      el("td", { "data-label": "By" }, e.actor),
+      el("td", { "data-label": "Event" }, describe(e)))));
+    $("jobs-body").replaceChildren(...jobs.slice().reverse().map(jobRow));
+    $("jobs-empty").hidden = jobs.length > 0;
+    return true;
+  }
+
+  $("scale-open").addEventListener("click", () => { if (cluster) ScalePanel.open(cluster, refresh); });
+  $("delete-open").addEventListener("click", async () => {
+    if (!(await confirmDelete(name))) return;
+    try { await api("DELETE", path); location.assign("/clusters"); }
+    catch (err) { Portal.showError(err.message); }
+  });
+  $("job-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    Portal.fieldError("job-command", "");
+    try {
+      const command = shellSplit($("job-command").value);
+      if (!command.length) throw new Error("type the command to run, e.g. " + (cluster ? cluster.launch_hint : ""));
+      const job = await api("POST", path + "/jobs", { command });
+      location.assign("/jobs/" + job.id);
+    } catch (err) { Portal.fieldError("job-command", err.message); }
+  });
+  Portal.poll(refresh, 1000);
+});

@@ -1,0 +1,144 @@
+"use strict";
+/* A job: live uPlot charts of loss, samples/s and world size (resize events marked), and the log tail. */
+document.addEventListener("DOMContentLoaded", () => {
+  const { api, el, stateBadge } = Portal;
+  const $ = (id) => document.getElementById(id);
+  const jobId = document.body.dataset.job;
+  const MAX_LOG_CHARS = 200000;
+  const series = { t: [], loss: [], sps: [], world: [] };
+  const resizes = [];  // {t, from, to}
+  let lastMetric = 0;
+  let lastWorld = null;
+  let logOffset = 0;
+  let charts = [];
+  let finished = false;
+
+  function clock(seconds) {
+    return new Date(seconds * 1000).toLocaleTimeString([], { hour12: false });
+  }
+
+  function markResizes(u) {
+    const ctx = u.ctx;
+    const { top, height } = u.bbox;
+    ctx.save();
+    ctx.strokeStyle = "#c2410c";
+    ctx.setLineDash([6, 4]);
+    ctx.lineWidth = 1.5 * devicePixelRatio;
+    for (const r of resizes) {
+      const x = Math.round(u.valToPos(r.t, "x", true));
+      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
+    }
+    ctx.restore();
+  }
+
+  function makeChart(id, label, key, color, stepped) {
+    const box = $(id);
+    const opts = {
+      width: Math.max(260, box.clientWidth - 8), height: 200,
+      cursor: { sync: { key: "job" } },
+      legend: { show: true },
+      scales: { x: { time: true } },
+      series: [{}, { label, stroke: color, width: 2, spanGaps: true,
+                     paths: stepped ? uPlot.paths.stepped({ align: 1 }) : undefined }],
+      axes: [{ space: 80, values: (u, splits) => splits.map(clock) }, { size: 60 }],
+      hooks: { draw: [markResizes] },
+    };
+    return { chart: new uPlot(opts, [series.t, series[key]], box), key, box };
+  }
+
+  function redraw() {
+    for (const c of charts) {
+      c.chart.setData([series.t, series[c.key]]);
+      const none = series.t.length > 0 && series[c.key].every((v) => v == null);
+      c.box.querySelector(".no-data").hidden = !none;
+    }
+    $("resize-list").replaceChildren(...resizes.map((r) =>
+      el("li", {}, `${Portal.time(new Date(r.t * 1000).toISOString())}: world size ${r.from} → ${r.to}`)));
+  }
+
+  function add(m) {
+    series.t.push(Date.parse(m.at) / 1000);
+    series.loss.push(m.loss);
+    series.sps.push(m.samples_per_s);
+    let world = m.world_size ?? lastWorld;
+    if (m.world_size != null && lastWorld != null && m.world_size !== lastWorld) {
+      resizes.push({ t: Date.parse(m.at) / 1000, from: lastWorld, to: m.world_size });
+    }
+    if (m.world_size != null) lastWorld = m.world_size;
+    series.world.push(world);
+    lastMetric = m.id;
+  }
+
+  async function metrics() {
+    const rows = await api("GET", `/jobs/${jobId}/metrics?after=${lastMetric}`);
+    rows.forEach(add);
+    if (rows.length) redraw();
+  }
+
+  async function logs() {
+    const { data, headers } = await api("GET", `/jobs/${jobId}/logs?offset=${logOffset}`, undefined,
+                                        { withHeaders: true });
+    logOffset = Number(headers.get("X-Next-Offset") || logOffset);
+    if (data) {
+      const pre = $("job-log");
+      const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
+      let text = pre.textContent + data;
+      if (text.length > MAX_LOG_CHARS) text = text.slice(text.length - MAX_LOG_CHARS);
+      pre.textContent = text;
+      if (atBottom) pre.scrollTop = pre.scrollHeight;
+    }
+  }
+
+  function showJob(j) {
+    $("job-status").replaceChildren(stateBadge(j.status));
+    const link = $("job-cluster-link");
+    link.textContent = j.cluster;
+    link.href = "/clusters/" + encodeURIComponent(j.cluster);
+    const items = [
+      ["Cluster", j.cluster], ["Command", j.command.join(" ")], ["Started", Portal.dateTime(j.created_at)],
+      ["Step", j.step ?? "-"], ["Epoch", j.epoch ?? "-"],
+      ["Loss", j.loss == null ? "-" : j.loss.toFixed(4)],
+      ["Samples/s", j.samples_per_s == null ? "-" : j.samples_per_s.toFixed(1)],
+      ["World size", j.world_size ?? "-"],
+    ];
+    if (j.finished_at) items.push(["Finished", Portal.dateTime(j.finished_at)], ["Exit code", j.exit_code ?? "-"]);
+    $("job-summary").replaceChildren(...items.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
+    $("job-cancel").hidden = j.status !== "Running";
+  }
+
+  async function refresh() {
+    let job;
+    try {
+      job = await api("GET", "/jobs/" + jobId);
+    } catch (err) {
+      if (err.status === 404) {
+        $("job-view").hidden = true;
+        throw new Portal.ApiError(404, `Job ${jobId} not found.`);
+      }
+      throw err;
+    }
+    $("job-view").hidden = false;
+    if (!charts.length) {
+      charts = [
+        makeChart("chart-loss", "loss", "loss", "#2563eb", false),
+        makeChart("chart-sps", "samples/s", "sps", "#059669", false),
+        makeChart("chart-world", "world size", "world", "#7c3aed", true),
+      ];
+    }
+    showJob(job);
+    await Promise.all([metrics(), logs()]);
+    if (job.status !== "Running" && job.status !== "Pending") {
+      if (finished) return false;  // one more round after the end, to catch the last lines
+      finished = true;
+    }
+    return true;
+  }
+
+  window.addEventListener("resize", () => {
+    for (const c of charts) c.chart.setSize({ width: Math.max(260, c.box.clientWidth - 8), height: 200 });
+  });
+  $("job-cancel").addEventListener("click", async () => {
+    try { await api("DELETE", "/jobs/" + jobId); } catch (err) { Portal.showError(err.message); }
+  });
+  Portal.poll(refresh, 1000);
+});

@@ -1,0 +1,202 @@
+"""The FastAPI application: thin routes under ``/api/v1`` calling `Services`; errors as 4xx JSON.
+
+No ``from __future__ import annotations`` here: FastAPI must see the route annotations as objects,
+because the auth dependency is a closure over the app's `Services`.
+"""
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from elastrain.db.models import User
+from elastrain.server import schemas
+from elastrain.server.errors import ApiError, Unauthorized
+from elastrain.server.jobs import JobService
+from elastrain.server.services import Services
+
+log = logging.getLogger("elastrain.server")
+_bearer = HTTPBearer(auto_error=False, description="an API token (elastrain user create; DATA/admin-token)")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message, "status": status}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",)) or "request"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def create_app(services: Services, jobs: JobService) -> FastAPI:
+    """The app with every route and error handler wired to `services`."""
+    app = FastAPI(
+        title="elastrain control plane", version="0.1.0", docs_url="/docs", openapi_url="/openapi.json"
+    )
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _error(500, f"internal error: {type(exc).__name__}")
+
+    def current_user(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> User:
+        """The caller, from the bearer token; 401 without a valid one."""
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            raise Unauthorized("missing bearer token; set ELASTRAIN_TOKEN or pass --token")
+        with services.db.session() as session:
+            user = services.authenticate(session, credentials.credentials)
+            if user is None:
+                raise Unauthorized("unknown token; ask an admin for one (elastrain user create NAME)")
+            session.expunge(user)
+            return user
+
+    Caller = Annotated[User, Depends(current_user)]
+    api = APIRouter(prefix="/api/v1")
+    errors: dict[int | str, dict[str, object]] = {
+        code: {"model": schemas.ErrorOut} for code in (400, 401, 403, 404, 409, 422)
+    }
+
+    @api.get("/healthz", tags=["meta"])
+    def healthz() -> dict[str, str]:
+        """Liveness (no token needed)."""
+        return {"status": "ok"}
+
+    @api.get("/me", response_model=schemas.UserOut, responses=errors, tags=["users"])
+    def me(user: Caller) -> schemas.UserOut:
+        """Who the token belongs to."""
+        return schemas.UserOut(name=user.name, admin=user.is_admin)
+
+    @api.post("/users", response_model=schemas.UserOut, status_code=201, responses=errors, tags=["users"])
+    def create_user(req: schemas.UserCreate, user: Caller) -> schemas.UserOut:
+        """Create a user and return their token (admin only)."""
+        return services.create_user(user, req)
+
+    @api.get("/inventory", response_model=schemas.InventoryOut, responses=errors, tags=["meta"])
+    def inventory(_user: Caller) -> schemas.InventoryOut:
+        """GPUs of this node and how many are in use."""
+        return services.inventory_out()
+
+    @api.get("/clusters", response_model=list[schemas.ClusterOut], responses=errors, tags=["clusters"])
+    def list_clusters(user: Caller) -> list[schemas.ClusterOut]:
+        """The caller's clusters."""
+        return services.list_clusters(user)
+
+    @api.post(
+        "/clusters", response_model=schemas.ClusterOut, status_code=201, responses=errors, tags=["clusters"]
+    )
+    def create_cluster(req: schemas.ClusterCreate, user: Caller) -> schemas.ClusterOut:
+        """Create a cluster; its containers start within seconds (watch `state`)."""
+        return services.create_cluster(user, req)
+
+    @api.get("/clusters/{name}", response_model=schemas.ClusterOut, responses=errors, tags=["clusters"])
+    def get_cluster(name: str, user: Caller) -> schemas.ClusterOut:
+        """One cluster with its containers."""
+        return services.get_cluster(user, name)
+
+    @api.patch("/clusters/{name}", response_model=schemas.ClusterOut, responses=errors, tags=["clusters"])
+    def scale_cluster(name: str, req: schemas.ClusterScale, user: Caller) -> schemas.ClusterOut:
+        """Scale: set the total container count (launcher included)."""
+        return services.scale_cluster(user, name, req.containers)
+
+    @api.delete(
+        "/clusters/{name}",
+        response_model=schemas.ClusterOut,
+        status_code=202,
+        responses=errors,
+        tags=["clusters"],
+    )
+    def delete_cluster(name: str, user: Caller) -> schemas.ClusterOut:
+        """Delete: every process of the cluster is stopped, then it disappears (GET answers 404)."""
+        return services.delete_cluster(user, name)
+
+    @api.get(
+        "/clusters/{name}/hostfile", response_class=PlainTextResponse, responses=errors, tags=["clusters"]
+    )
+    def hostfile(name: str, user: Caller) -> str:
+        """The hostfile every container reads at /etc/mpi/hostfile."""
+        return services.hostfile(user, name)
+
+    @api.get(
+        "/clusters/{name}/events", response_model=list[schemas.EventOut], responses=errors, tags=["clusters"]
+    )
+    def events(name: str, user: Caller) -> list[schemas.EventOut]:
+        """The cluster's audit trail: who did what when."""
+        return services.events(user, name)
+
+    @api.get("/clusters/{name}/logs", response_class=PlainTextResponse, responses=errors, tags=["clusters"])
+    def container_logs(name: str, user: Caller, container: str | None = None) -> str:
+        """A container's captured output (the launcher's unless `container` is given)."""
+        return services.container_logs(user, name, container)
+
+    @api.post("/clusters/{name}/exec", responses=errors, tags=["clusters"])
+    def exec_command(name: str, req: schemas.ExecRequest, user: Caller) -> StreamingResponse:
+        """Run a command in the launcher container; streams NDJSON ``{"out": ...}`` then ``{"exit": N}``."""
+        return StreamingResponse(services.exec_stream(user, name, req), media_type="application/x-ndjson")
+
+    @api.post(
+        "/clusters/{name}/jobs",
+        response_model=schemas.JobOut,
+        status_code=201,
+        responses=errors,
+        tags=["jobs"],
+    )
+    def submit_job(name: str, req: schemas.JobSubmit, user: Caller) -> schemas.JobOut:
+        """Run a command detached in the launcher container (`elastrain job submit`)."""
+        return jobs.submit(user, name, req)
+
+    @api.get("/jobs", response_model=list[schemas.JobOut], responses=errors, tags=["jobs"])
+    def list_jobs(user: Caller, cluster: str | None = None) -> list[schemas.JobOut]:
+        """The caller's jobs, optionally of one cluster."""
+        return jobs.list(user, cluster)
+
+    @api.get("/jobs/{job_id}", response_model=schemas.JobOut, responses=errors, tags=["jobs"])
+    def get_job(job_id: int, user: Caller) -> schemas.JobOut:
+        """A job with its status and last progress."""
+        return jobs.get(user, job_id)
+
+    @api.delete("/jobs/{job_id}", response_model=schemas.JobOut, responses=errors, tags=["jobs"])
+    def cancel_job(job_id: int, user: Caller) -> schemas.JobOut:
+        """Stop a running job."""
+        return jobs.cancel(user, job_id)
+
+    @api.get("/jobs/{job_id}/logs", responses=errors, tags=["jobs"])
+    def job_logs(job_id: int, user: Caller, offset: int = 0) -> Response:
+        """Log bytes from `offset`; headers X-Next-Offset and X-Job-Status tell how to continue."""
+        data, next_offset, status = jobs.logs(user, job_id, offset)
+        headers = {"X-Next-Offset": str(next_offset), "X-Job-Status": status}
+        return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
+
+    @api.post("/jobs/{job_id}/progress", status_code=204, responses=errors, tags=["jobs"])
+    def report_progress(
+        job_id: int, progress: schemas.JobProgress, x_job_token: Annotated[str, Header()] = ""
+    ) -> Response:
+        """A job reports step/epoch/loss/samples_per_s/world_size (auth: its X-Job-Token)."""
+        jobs.report(job_id, x_job_token, progress)
+        return Response(status_code=204)
+
+    app.include_router(api)
+    from elastrain.portal import mount_portal  # the web portal at /
+
+    mount_portal(app, services, jobs)
+    return app

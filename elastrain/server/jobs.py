@@ -1,0 +1,239 @@
+"""Jobs: detached commands in a cluster's launcher container, their status, logs and progress.
+
+A job runs under ``elastrain.backends.jobrun``, which records the exit code in a file next to the
+log, so a restarted server still learns how a job ended. Progress comes from the job itself
+(``POST /api/v1/jobs/{id}/progress`` with its report token, see `elastrain.client.report_progress`)
+or, as a fallback, from the ``epoch N done: world W, step S, loss L`` lines elastrain's examples print
+and the ``generation G formed: W workers`` lines of ``elastrain run -v``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from elastrain.backends.api import Backend
+from elastrain.backends.local import HOSTFILE_PATH
+from elastrain.backends.procs import cmdline, pid_alive
+from elastrain.db.models import (
+    Cluster,
+    ContainerRole,
+    ContainerState,
+    Job,
+    JobMetric,
+    JobStatus,
+    User,
+    utcnow,
+)
+from elastrain.db.repository import add_event, find_cluster, hash_token, visible_jobs
+from elastrain.db.session import Database
+from elastrain.server import schemas
+from elastrain.server.errors import Conflict, NotFound, Unauthorized
+from elastrain.server.inventory import Inventory
+from elastrain.server.reconciler import aware, container_spec
+from elastrain.server.services import check_owner, rewrite_command
+
+_PROGRESS = re.compile(
+    r"epoch (?P<epoch>\d+) done: world (?P<world_size>\d+), step (?P<step>\d+), loss (?P<loss>[-\d.eE+]+)"
+    r"|generation \d+ formed: (?P<generation_world>\d+) workers"  # `elastrain run -v`
+)
+_FIELDS = ("step", "epoch", "loss", "samples_per_s", "world_size")
+
+
+def job_out(job: Job, cluster: str) -> schemas.JobOut:
+    """The API view of a job row."""
+    return schemas.JobOut(
+        id=job.id,
+        cluster=cluster,
+        command=json.loads(job.command),
+        status=job.status.value,
+        pid=job.pid,
+        exit_code=job.exit_code,
+        step=job.step,
+        epoch=job.epoch,
+        loss=job.loss,
+        samples_per_s=job.samples_per_s,
+        world_size=job.world_size,
+        created_at=aware(job.created_at) or job.created_at,
+        finished_at=aware(job.finished_at),
+    )
+
+
+@dataclass
+class JobService:
+    """Submit, list, inspect, stream and cancel jobs; record progress."""
+
+    db: Database
+    backend: Backend
+    inventory: Inventory
+    report_url: str = ""
+    _offsets: dict[int, int] = field(default_factory=dict)
+
+    def _cluster(self, session: Session, user: User, name: str) -> Cluster:
+        cluster = find_cluster(session, user, name)
+        if cluster is None:
+            raise NotFound(f"cluster {name!r} not found")
+        return cluster
+
+    def submit(self, user: User, name: str, req: schemas.JobSubmit) -> schemas.JobOut:
+        """Start the command detached in the launcher container."""
+        token = secrets.token_urlsafe(24)
+        with self.db.session() as session:
+            cluster = self._cluster(session, user, name)
+            check_owner(cluster, user)
+            launcher = next((k for k in cluster.containers if k.role == ContainerRole.launcher), None)
+            if launcher is None or launcher.state != ContainerState.Running:
+                raise Conflict(f"cluster {name!r} has no Running launcher yet; wait for it and retry")
+            spec = container_spec(cluster, launcher, self.inventory.real)
+            job = Job(
+                cluster_id=cluster.id,
+                owner_id=user.id,
+                command=json.dumps(req.command),
+                status=JobStatus.Running,
+                report_token_hash=hash_token(token),
+            )
+            session.add(job)
+            session.flush()
+            log_path = self.backend.container_path(spec.cluster, spec.name, f"/var/log/jobs/{job.id}.log")
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            hostfile = self.backend.container_path(spec.cluster, spec.name, HOSTFILE_PATH)
+            mounts = {
+                m.target: self.backend.container_path(spec.cluster, spec.name, m.target) for m in spec.mounts
+            }
+            command = rewrite_command(req.command, hostfile, mounts)
+            env = {
+                "ELASTRAIN_JOB_ID": str(job.id),
+                "ELASTRAIN_REPORT_URL": self.report_url,
+                "ELASTRAIN_REPORT_TOKEN": token,
+            }
+            wrapped = [
+                sys.executable,
+                "-m",
+                "elastrain.backends.jobrun",
+                "--exit-file",
+                str(log_path.with_suffix(".exit")),
+                "--",
+                *command,
+            ]
+            spec = dataclasses.replace(spec, env={**spec.env, **env})
+            log_path.write_text(f"$ {shlex.join(req.command)}\n")
+            proc = self.backend.exec(spec, wrapped, log_path=log_path)
+            job.pid, job.log_path = proc.pid, str(log_path)
+            add_event(session, user.name, "job.submitted", name, user.id, job=job.id, command=req.command)
+            return job_out(job, cluster.name)
+
+    def _job(self, session: Session, user: User, job_id: int) -> tuple[Job, str]:
+        job = session.get(Job, job_id)
+        if job is None or (job.owner_id != user.id and not user.is_admin):
+            raise NotFound(f"job {job_id} not found")
+        cluster = session.get(Cluster, job.cluster_id)
+        return job, cluster.name if cluster else "?"
+
+    def get(self, user: User, job_id: int) -> schemas.JobOut:
+        """One job."""
+        with self.db.session() as session:
+            return job_out(*self._job(session, user, job_id))
+
+    def list(self, user: User, cluster: str | None = None) -> list[schemas.JobOut]:
+        """The caller's jobs (optionally of one cluster)."""
+        with self.db.session() as session:
+            only = self._cluster(session, user, cluster) if cluster else None
+            names = {c.id: c.name for c in session.scalars(select(Cluster))}
+            return [job_out(j, names.get(j.cluster_id, "?")) for j in visible_jobs(session, user, only)]
+
+    def logs(self, user: User, job_id: int, offset: int) -> tuple[bytes, int, str]:
+        """Log bytes from `offset`, the next offset and the job's status."""
+        with self.db.session() as session:
+            job, _cluster = self._job(session, user, job_id)
+            path, status = Path(job.log_path), job.status.value
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(offset, 0))
+                data = f.read(1 << 20)
+        except OSError:
+            data = b""
+        return data, max(offset, 0) + len(data), status
+
+    def cancel(self, user: User, job_id: int) -> schemas.JobOut:
+        """Stop a running job (SIGTERM to its process group)."""
+        with self.db.session() as session:
+            job, cluster = self._job(session, user, job_id)
+            if job.status == JobStatus.Running and job.pid and self._alive(job):
+                try:
+                    os.killpg(job.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                job.status, job.finished_at = JobStatus.Cancelled, utcnow()
+                add_event(session, user.name, "job.cancelled", cluster, user.id, job=job.id)
+            return job_out(job, cluster)
+
+    def report(self, job_id: int, token: str, progress: schemas.JobProgress) -> None:
+        """Record a progress report (authenticated by the job's own report token)."""
+        with self.db.session() as session:
+            job = session.get(Job, job_id)
+            if job is None or not token or job.report_token_hash != hash_token(token):
+                raise Unauthorized("unknown job or wrong report token (ELASTRAIN_REPORT_TOKEN)")
+            self._record(session, job, progress.model_dump())
+
+    @staticmethod
+    def _record(session: Session, job: Job, values: dict[str, object]) -> None:
+        values = {k: v for k, v in values.items() if k in _FIELDS and v is not None}
+        if not values:
+            return
+        for key, value in values.items():
+            setattr(job, key, value)
+        session.add(JobMetric(job_id=job.id, **values))
+
+    @staticmethod
+    def _alive(job: Job) -> bool:
+        return (
+            bool(job.pid) and pid_alive(job.pid or 0) and "elastrain.backends.jobrun" in cmdline(job.pid or 0)
+        )
+
+    def poll(self) -> int:
+        """Update running jobs: progress scraped from new log lines, status when they end."""
+        changed = 0
+        with self.db.session() as session:
+            for job in session.scalars(select(Job).where(Job.status == JobStatus.Running)):
+                self._scrape(session, job)
+                if self._alive(job):
+                    continue
+                exit_file = Path(job.log_path).with_suffix(".exit")
+                try:
+                    job.exit_code = int(exit_file.read_text().strip())
+                except (OSError, ValueError):
+                    job.exit_code = None
+                job.status = JobStatus.Succeeded if job.exit_code == 0 else JobStatus.Failed
+                job.finished_at = utcnow()
+                self._offsets.pop(job.id, None)
+                changed += 1
+        return changed
+
+    def _scrape(self, session: Session, job: Job) -> None:
+        offset = self._offsets.get(job.id, 0)
+        try:
+            with open(job.log_path, "rb") as f:
+                f.seek(offset)
+                data = f.read(1 << 20)
+        except OSError:
+            return
+        cut = data.rfind(b"\n") + 1
+        self._offsets[job.id] = offset + cut
+        values: dict[str, object] = {}
+        for match in _PROGRESS.finditer(data[:cut].decode(errors="replace")):
+            found = {k: v for k, v in match.groupdict().items() if v is not None}
+            if "generation_world" in found:
+                found = {"world_size": found["generation_world"]}
+            values.update({k: (float(v) if k == "loss" else int(v)) for k, v in found.items()})
+        self._record(session, job, values)

@@ -1,0 +1,146 @@
+"""`elastrain server`: migrate the database, bootstrap the admin, start the reconciler, serve the API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from elastrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from elastrain.db.session import Database
+
+log = logging.getLogger("elastrain.server")
+DEFAULT_DATA_DIR = Path("~/.elastrain").expanduser()
+
+
+def add_server_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `elastrain server`."""
+    p = sub.add_parser("server", help="run the control plane (REST API, reconciler, local backend)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
+    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="database, tokens, containers")
+    p.add_argument("--db", help="database URL (default: sqlite:///DATA/elastrain.db; postgresql://... works)")
+    p.add_argument("--gpus", type=int, help="declare N virtual GPUs (default: detected GPUs, else 8 virtual)")
+    p.add_argument(
+        "--allow-mount",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="host directory clusters may mount from (repeatable; default: cwd and home)",
+    )
+    p.add_argument(
+        "--drain-seconds", type=float, default=3.0, help="grace before a scaled-down container stops"
+    )
+    p.add_argument("--reconcile-interval", type=float, default=0.5, help="seconds between reconcile passes")
+    p.add_argument("-v", "--verbose", action="store_true", help="log reconciler decisions and requests")
+
+
+def bootstrap_admin(db: Database, data_dir: Path) -> str | None:
+    """Create the admin user on first start and write its token to DATA/admin-token (0600)."""
+    from sqlalchemy import func, select
+
+    from elastrain.db.models import User
+    from elastrain.db.repository import add_event, create_user
+
+    token_path = data_dir / "admin-token"
+    with db.session() as session:
+        if session.scalar(select(func.count()).select_from(User)):
+            return token_path.read_text().strip() if token_path.exists() else None
+        _user, token = create_user(session, "admin", is_admin=True)
+        add_event(session, "server", "user.created", user="admin", admin=True)
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(token_path, 0o600)
+        return token
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse early (before printing a token or touching containers) when the port is taken."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port"
+            ) from None
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Run until interrupted; containers keep running when the server stops (a restart adopts them)."""
+    import uvicorn
+
+    from elastrain.backends.local import LocalBackend
+    from elastrain.db.session import Database
+    from elastrain.server.app import create_app
+    from elastrain.server.inventory import Inventory
+    from elastrain.server.jobs import JobService
+    from elastrain.server.reconciler import Reconciler
+    from elastrain.server.services import Services
+
+    if args.verbose:
+        logging.getLogger("elastrain").setLevel(logging.INFO)
+    if args.gpus is not None and args.gpus < 0:
+        raise ConfigError("--gpus must be >= 0")
+    if not 0 <= args.port < 65536:
+        raise ConfigError(f"--port {args.port} is not a port number")
+    _check_port_free(args.host, args.port)
+    data_dir = args.data_dir.expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    roots = [Path(p).expanduser().resolve() for p in args.allow_mount] or [Path.cwd(), Path.home()]
+    for root in roots:
+        if not root.is_dir():
+            raise ConfigError(f"--allow-mount {root} is not a directory")
+    db = Database(args.db or f"sqlite:///{data_dir / 'elastrain.db'}")
+    try:
+        db.migrate()
+    except Exception as exc:
+        first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"cannot open or migrate the database: {first}") from None
+    token = bootstrap_admin(db, data_dir)
+    inventory = Inventory.create(args.gpus, str(data_dir))
+    backend = LocalBackend(data_dir)
+    reconciler = Reconciler(
+        db, backend, inventory, interval_s=args.reconcile_interval, drain_s=args.drain_seconds
+    )
+    services = Services(db, backend, inventory, reconciler, allowed_mount_roots=roots)
+    url = f"http://{args.host}:{args.port}"
+    local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    jobs = JobService(db, backend, inventory, report_url=f"http://{local}:{args.port}")
+    reconciler.hooks.append(jobs.poll)
+    app = create_app(services, jobs)
+    kind = "real" if inventory.real else "virtual"
+    print(f"elastrain server: {url} (API {url}/api/v1, docs {url}/docs)", flush=True)
+    print(f"elastrain server: data in {data_dir}; {inventory.gpus} {kind} GPUs", flush=True)
+    if token:
+        print(f"elastrain server: admin token {token} (also in {data_dir / 'admin-token'})", flush=True)
+    print(
+        f"elastrain server: export ELASTRAIN_URL={url} ELASTRAIN_TOKEN=$(cat {data_dir / 'admin-token'})",
+        flush=True,
+    )
+    reconciler.start()
+    try:
+        config = uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning"
+        )
+        uvicorn.Server(config).run()
+    finally:
+        reconciler.stop()
+        db.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="elastrain")
+    add_server_parser(parser.add_subparsers(dest="cmd", required=True))
+    sys.exit(run_server(parser.parse_args()))

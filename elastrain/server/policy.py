@@ -1,0 +1,258 @@
+"""The reconcile policy: a pure function from desired state (DB) and actual state (backend) to decisions.
+
+The loop in `reconciler.py` applies the decisions; running the policy again on the result yields no
+new decisions (idempotent), and a crash between two applied decisions is repaired on the next pass:
+a row `Pending` whose process is up is adopted, a `Running` row whose process is gone is `Failed`,
+a process without a row is stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from elastrain.backends.api import ContainerStatus
+from elastrain.db.models import ClusterState, ContainerRole, ContainerState, RestartPolicy
+from elastrain.hostfile import Host
+from elastrain.server.inventory import Inventory, allocate_address
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """A container row as the policy sees it."""
+
+    name: str
+    role: ContainerRole
+    address: str
+    gpu_ids: tuple[int, ...]
+    state: ContainerState
+    pid: int | None = None
+    terminating_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """A cluster row with its containers."""
+
+    name: str
+    uid: str
+    desired_containers: int
+    gpus_per_container: int
+    state: ClusterState
+    restart_policy: RestartPolicy
+    hostfile_generation: int
+    hostfile_text: str
+    reason: str
+    containers: tuple[ContainerView, ...] = ()
+
+
+class Action(str, enum.Enum):
+    """What a decision does."""
+
+    add = "add"  # insert a Pending row (address, GPUs) and start it
+    start = "start"  # start the backend container of a Pending row
+    mark_running = "mark_running"  # the process is up and ready (also: adopt after a restart)
+    mark_failed = "mark_failed"  # the process died
+    begin_terminate = "begin_terminate"  # scale-down: leave the hostfile, drain, then remove
+    remove = "remove"  # stop the container and delete its row
+    stop_orphan = "stop_orphan"  # a backend container without a row
+    write_hostfile = "write_hostfile"
+    set_cluster_state = "set_cluster_state"
+    finalize_delete = "finalize_delete"  # stop everything of the cluster and delete it
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step for the loop to carry out."""
+
+    action: Action
+    cluster: str
+    container: str = ""
+    role: ContainerRole | None = None
+    address: str = ""
+    gpu_ids: tuple[int, ...] = ()
+    pid: int | None = None
+    hosts: tuple[Host, ...] = ()
+    generation: int = 0
+    state: ClusterState | None = None
+    reason: str = ""
+
+
+@dataclass
+class _Pool:
+    """Addresses and GPUs taken so far in this pass (across clusters)."""
+
+    addresses: set[str]
+    free_gpus: list[int]
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+_WORKER_INDEX = re.compile(r"-worker-(\d+)$")
+_HOLDS_RESOURCES = (ContainerState.Pending, ContainerState.Running, ContainerState.Terminating)
+
+
+def worker_index(name: str) -> int:
+    """The N of ``<cluster>-worker-N`` (-1 for other names)."""
+    match = _WORKER_INDEX.search(name)
+    return int(match.group(1)) if match else -1
+
+
+def plan(
+    clusters: list[ClusterView],
+    actual: list[ContainerStatus],
+    inventory: Inventory,
+    now: datetime,
+    drain: timedelta,
+) -> list[Decision]:
+    """Every decision needed to move the backend and the rows toward the desired state."""
+    used_gpus = [g for c in clusters for k in c.containers if k.state in _HOLDS_RESOURCES for g in k.gpu_ids]
+    pool = _Pool({k.address for c in clusters for k in c.containers}, inventory.free_ids(used_gpus))
+    by_key = {(s.cluster, s.name): s for s in actual}
+    decisions: list[Decision] = []
+    known = {(c.name, k.name) for c in clusters for k in c.containers}
+    for status in actual:
+        if (status.cluster, status.name) not in known:
+            decisions.append(Decision(Action.stop_orphan, status.cluster, status.name))
+    for cluster in clusters:
+        decisions += _plan_cluster(cluster, by_key, pool, now, drain, inventory)
+    return decisions
+
+
+def _plan_cluster(
+    cluster: ClusterView,
+    actual: dict[tuple[str, str], ContainerStatus],
+    pool: _Pool,
+    now: datetime,
+    drain: timedelta,
+    inventory: Inventory,
+) -> list[Decision]:
+    if cluster.state == ClusterState.Terminating:
+        return [Decision(Action.finalize_delete, cluster.name)]
+    out: list[Decision] = []
+    live: dict[str, ContainerView] = {}  # rows that stay Pending/Running after this pass
+    running: set[str] = set()
+    for row in cluster.containers:
+        status = actual.get((cluster.name, row.name))
+        alive = status is not None and status.alive
+        if row.state == ContainerState.Pending:
+            live[row.name] = row
+            if alive and status is not None and status.ready:
+                out.append(Decision(Action.mark_running, cluster.name, row.name, pid=status.pid))
+                running.add(row.name)
+            elif status is None:
+                out.append(Decision(Action.start, cluster.name, row.name))
+            elif not alive:
+                out.append(_failed(cluster, row, "the container's init process exited before it was ready"))
+                live.pop(row.name)
+        elif row.state == ContainerState.Running:
+            if alive and status is not None:
+                live[row.name] = row
+                running.add(row.name)
+                if status.pid != row.pid:
+                    out.append(Decision(Action.mark_running, cluster.name, row.name, pid=status.pid))
+            else:
+                pid = row.pid if row.pid is not None else "?"
+                out.append(_failed(cluster, row, f"the container's init process (pid {pid}) exited"))
+                if cluster.restart_policy == RestartPolicy.Always:
+                    out.append(Decision(Action.remove, cluster.name, row.name))
+        elif row.state == ContainerState.Failed:
+            if cluster.restart_policy == RestartPolicy.Always:
+                out.append(Decision(Action.remove, cluster.name, row.name))
+        elif row.state == ContainerState.Terminating:
+            since = row.terminating_since or now
+            if not alive or now - since >= drain:
+                out.append(Decision(Action.remove, cluster.name, row.name))
+    out += _scale(cluster, live, running, pool, inventory)
+    return out
+
+
+def _failed(cluster: ClusterView, row: ContainerView, reason: str) -> Decision:
+    return Decision(Action.mark_failed, cluster.name, row.name, reason=reason)
+
+
+def _scale(
+    cluster: ClusterView, live: dict[str, ContainerView], running: set[str], pool: _Pool, inventory: Inventory
+) -> list[Decision]:
+    """Add or drain containers toward the desired count (GPU-gated), then hostfile and cluster state."""
+    out: list[Decision] = []
+    kept_failed = [
+        k for k in cluster.containers
+        if k.state == ContainerState.Failed and cluster.restart_policy == RestartPolicy.Never
+    ]  # fmt: skip
+    launchers = [k for k in live.values() if k.role == ContainerRole.launcher]
+    workers = sorted(
+        (k for k in live.values() if k.role == ContainerRole.worker), key=lambda k: worker_index(k.name)
+    )
+    failed_workers = sum(1 for k in kept_failed if k.role == ContainerRole.worker)
+    want_workers = cluster.desired_containers - 1 - failed_workers
+    to_add: list[tuple[str, ContainerRole]] = []
+    if not launchers and not any(k.role == ContainerRole.launcher for k in kept_failed):
+        to_add.append((f"{cluster.name}-launcher", ContainerRole.launcher))
+    taken = {k.name for k in cluster.containers if k.state == ContainerState.Terminating} | set(live)
+    taken |= {k.name for k in kept_failed}
+    index = 0
+    for _ in range(max(0, want_workers - len(workers))):
+        while f"{cluster.name}-worker-{index}" in taken:
+            index += 1
+        taken.add(f"{cluster.name}-worker-{index}")
+        to_add.append((f"{cluster.name}-worker-{index}", ContainerRole.worker))
+    surplus = len(workers) - max(want_workers, 0)
+    if surplus > 0:
+        pending_first = sorted(
+            workers, key=lambda k: (k.state == ContainerState.Pending, worker_index(k.name))
+        )
+        for row in reversed(pending_first[-surplus:]):  # Pending ones first, then the highest index
+            out.append(Decision(Action.begin_terminate, cluster.name, row.name))
+            live.pop(row.name)
+            running.discard(row.name)
+    reason = ""
+    need = cluster.gpus_per_container
+    gang = not running  # a cluster that is not up yet starts all of its containers or none
+    if to_add and need * len(to_add) > len(pool.free_gpus) and (gang or need > len(pool.free_gpus)):
+        missing = need * len(to_add)
+        reason = (
+            f"waiting for GPUs: {len(to_add)} container(s) need {missing} GPU(s), "
+            f"{len(pool.free_gpus)} of {inventory.gpus} free"
+        )
+        if gang:
+            to_add = []
+    for name, role in to_add:
+        if need > len(pool.free_gpus):
+            break
+        gpu_ids = tuple(pool.free_gpus[:need])
+        del pool.free_gpus[:need]
+        address = allocate_address(pool.addresses, inventory.address_octet)
+        pool.addresses.add(address)
+        out.append(Decision(Action.add, cluster.name, name, role=role, address=address, gpu_ids=gpu_ids))
+    out += _hostfile(cluster, live, running)
+    up = any(live[n].role == ContainerRole.launcher for n in running) and any(
+        live[n].role == ContainerRole.worker for n in running
+    )
+    state = ClusterState.Running if up else ClusterState.Pending
+    if not reason and not up:
+        reason = "starting containers"
+    if state != cluster.state or reason != cluster.reason:
+        out.append(Decision(Action.set_cluster_state, cluster.name, state=state, reason=reason))
+    return out
+
+
+def hostfile_hosts(rows: list[ContainerView]) -> tuple[Host, ...]:
+    """The hostfile lines for the Running workers: one host per container, slots = its GPUs (>= 1)."""
+    workers = sorted((k for k in rows if k.role == ContainerRole.worker), key=lambda k: worker_index(k.name))
+    return tuple(Host(k.address, max(len(k.gpu_ids), 1)) for k in workers)
+
+
+def hosts_text(hosts: tuple[Host, ...]) -> str:
+    """The host lines of a hostfile, without the generation line (what a change is judged on)."""
+    return "".join(f"{h.name} slots={h.slots}\n" for h in hosts)
+
+
+def _hostfile(cluster: ClusterView, live: dict[str, ContainerView], running: set[str]) -> list[Decision]:
+    hosts = hostfile_hosts([live[n] for n in running])
+    if hosts_text(hosts) == cluster.hostfile_text and cluster.hostfile_generation > 0:
+        return []
+    return [
+        Decision(Action.write_hostfile, cluster.name, hosts=hosts, generation=cluster.hostfile_generation + 1)
+    ]

@@ -1,0 +1,283 @@
+"""The reconcile loop: snapshot the DB and the backend, run the policy, apply its decisions."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
+
+from elastrain.backends.api import Backend, ContainerSpec, Mount
+from elastrain.backends.local import HOSTFILE_PATH
+from elastrain.db.models import Cluster, ClusterState, Container, ContainerState, Job, utcnow
+from elastrain.db.repository import add_event, all_clusters, cluster_by_name
+from elastrain.db.session import Database
+from elastrain.hostfile import Hostfile, render_hostfile
+from elastrain.server.inventory import Inventory, parse_gpu_ids
+from elastrain.server.policy import Action, ClusterView, ContainerView, Decision, hosts_text, plan
+
+log = logging.getLogger("elastrain.reconciler")
+ACTOR = "reconciler"
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """SQLite returns naive datetimes; treat them as UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
+
+def cluster_view(cluster: Cluster) -> ClusterView:
+    """The policy's view of a cluster row."""
+    containers = tuple(
+        ContainerView(
+            k.name,
+            k.role,
+            k.address,
+            tuple(parse_gpu_ids(k.gpu_ids)),
+            k.state,
+            k.pid,
+            aware(k.terminating_since),
+        )
+        for k in cluster.containers
+    )
+    return ClusterView(
+        cluster.name,
+        cluster.uid,
+        cluster.desired_containers,
+        cluster.gpus_per_container,
+        cluster.state,
+        cluster.restart_policy,
+        cluster.hostfile_generation,
+        cluster.hostfile_text,
+        cluster.reason,
+        containers,
+    )
+
+
+def container_spec(cluster: Cluster, row: Container, real_gpus: bool) -> ContainerSpec:
+    """What the backend needs to start (or run a command in) `row`."""
+    mounts = tuple(Mount(m["source"], m["target"]) for m in json.loads(cluster.mounts or "[]"))
+    return ContainerSpec(
+        cluster=cluster.name,
+        cluster_uid=cluster.uid,
+        name=row.name,
+        role=row.role.value,
+        address=row.address,
+        gpu_ids=tuple(parse_gpu_ids(row.gpu_ids)),
+        real_gpus=real_gpus,
+        shm_bytes=cluster.shm_bytes,
+        image=cluster.image,
+        mounts=mounts,
+    )
+
+
+class Reconciler:
+    """Runs `reconcile_once` every `interval_s` seconds, or sooner when woken."""
+
+    def __init__(
+        self,
+        db: Database,
+        backend: Backend,
+        inventory: Inventory,
+        interval_s: float = 0.5,
+        drain_s: float = 3.0,
+    ) -> None:
+        self.db = db
+        self.backend = backend
+        self.inventory = inventory
+        self.interval_s = interval_s
+        self.drain = timedelta(seconds=drain_s)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+        self._busy = False
+        self.hooks: list[Callable[[], int]] = []  # run after each pass (e.g. the job monitor)
+
+    def start(self) -> None:
+        """Start the loop in a daemon thread."""
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop (containers keep running; a restarted server adopts them)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def wake(self) -> None:
+        """Run a pass now (after an API change)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                changed = self.reconcile_once()
+            except Exception:  # the loop must survive any one bad pass
+                log.exception("reconcile pass failed")
+                changed = 0
+            if not changed:  # poll faster while containers are starting or draining
+                self._wake.wait(min(self.interval_s, 0.1) if self._busy else self.interval_s)
+
+    def reconcile_once(self) -> int:
+        """One pass: returns how many decisions were applied."""
+        actual = self.backend.list_containers()
+        with self.db.session() as session:
+            views = [cluster_view(c) for c in all_clusters(session)]
+        decisions = plan(views, actual, self.inventory, utcnow(), self.drain)
+        transient = (ContainerState.Pending, ContainerState.Terminating)
+        self._busy = any(k.state in transient for c in views for k in c.containers)
+        for decision in decisions:
+            with self.db.session() as session:
+                self._apply(session, decision)
+        self._sync_hostfiles()
+        for hook in self.hooks:
+            hook()
+        self.passes += 1
+        return len(decisions)
+
+    def _sync_hostfiles(self) -> None:
+        """Rewrite a cluster's hostfile file when it differs from the DB (e.g. after a crash)."""
+        with self.db.session() as session:
+            for cluster in all_clusters(session):
+                if cluster.state == ClusterState.Terminating or cluster.hostfile_generation == 0:
+                    continue
+                path = getattr(self.backend, "cluster_dir", None)
+                text = self.hostfile_text(cluster)
+                if path is not None:
+                    on_disk = path(cluster.name) / "hostfile"
+                    try:
+                        current = on_disk.read_text()
+                    except OSError:
+                        current = None
+                    if current == text or not on_disk.parent.exists():
+                        continue
+                self.backend.write_cluster_file(cluster.name, HOSTFILE_PATH, text)
+
+    @staticmethod
+    def hostfile_text(cluster: Cluster) -> str:
+        """The full hostfile text of a cluster (generation line + host lines)."""
+        return f"# generation: {cluster.hostfile_generation}\n" + cluster.hostfile_text
+
+    def _apply(self, session: Session, d: Decision) -> None:
+        cluster = cluster_by_name(session, d.cluster)
+        if d.action == Action.stop_orphan:
+            log.info("stopping orphan container %s/%s", d.cluster, d.container)
+            self.backend.delete_container(d.cluster, d.container, cluster.uid if cluster else "")
+            add_event(session, ACTOR, "container.orphan_stopped", d.cluster, container=d.container)
+            return
+        if cluster is None:
+            return
+        if cluster.state == ClusterState.Terminating and d.action != Action.finalize_delete:
+            return  # deleted after the snapshot: the next pass finalizes it
+        if d.action in (Action.write_hostfile, Action.set_cluster_state):
+            self._apply_cluster(session, cluster, d)
+            return
+        row = next((k for k in cluster.containers if k.name == d.container), None)
+        if d.action == Action.finalize_delete:
+            self.backend.delete_cluster(cluster.name, cluster.uid)
+            session.execute(delete(Job).where(Job.cluster_id == cluster.id))
+            session.delete(cluster)
+            add_event(session, ACTOR, "cluster.deleted", d.cluster, cluster.owner_id)
+        elif d.action == Action.add:
+            assert d.role is not None
+            row = Container(
+                cluster=cluster,
+                name=d.container,
+                role=d.role,
+                address=d.address,
+                gpus=len(d.gpu_ids),
+                gpu_ids=",".join(map(str, d.gpu_ids)),
+                state=ContainerState.Pending,
+            )
+            session.add(row)
+            session.commit()  # the row exists before the process: a crash in between is adopted
+            add_event(
+                session,
+                ACTOR,
+                "container.created",
+                d.cluster,
+                cluster.owner_id,
+                container=d.container,
+                address=d.address,
+                gpus=list(d.gpu_ids),
+            )
+            row.pid = self.backend.create_container(container_spec(cluster, row, self.inventory.real)).pid
+        elif row is None:
+            return
+        elif d.action == Action.start:
+            row.pid = self.backend.create_container(container_spec(cluster, row, self.inventory.real)).pid
+        elif d.action == Action.mark_running:
+            adopted = row.pid != d.pid  # started by an earlier server process
+            row.state, row.pid, row.reason = ContainerState.Running, d.pid, ""
+            row.started_at = row.started_at or utcnow()
+            add_event(
+                session,
+                ACTOR,
+                "container.running",
+                d.cluster,
+                cluster.owner_id,
+                container=row.name,
+                pid=d.pid,
+                adopted=adopted,
+            )
+        elif d.action == Action.mark_failed:
+            row.state, row.reason = ContainerState.Failed, d.reason
+            add_event(
+                session,
+                ACTOR,
+                "container.failed",
+                d.cluster,
+                cluster.owner_id,
+                container=row.name,
+                reason=d.reason,
+            )
+        elif d.action == Action.begin_terminate:
+            row.state, row.terminating_since = ContainerState.Terminating, utcnow()
+            add_event(
+                session, ACTOR, "container.terminating", d.cluster, cluster.owner_id, container=row.name
+            )
+        elif d.action == Action.remove:
+            self.backend.delete_container(cluster.name, row.name, cluster.uid)
+            session.delete(row)
+            add_event(session, ACTOR, "container.removed", d.cluster, cluster.owner_id, container=row.name)
+
+    def _apply_cluster(self, session: Session, cluster: Cluster, d: Decision) -> None:
+        if d.action == Action.write_hostfile:
+            cluster.hostfile_generation, cluster.hostfile_text = d.generation, hosts_text(d.hosts)
+            text = render_hostfile(Hostfile(d.hosts, d.generation))
+            self.backend.write_cluster_file(cluster.name, HOSTFILE_PATH, text)
+            add_event(
+                session,
+                ACTOR,
+                "hostfile.written",
+                d.cluster,
+                cluster.owner_id,
+                generation=d.generation,
+                hosts=[f"{h.name}:{h.slots}" for h in d.hosts],
+            )
+        elif d.action == Action.set_cluster_state:
+            assert d.state is not None
+            before = cluster.state
+            # conditional: a delete committed by the API since this pass read the row must win
+            result = session.execute(
+                update(Cluster)
+                .where(Cluster.id == cluster.id, Cluster.state != ClusterState.Terminating)
+                .values(state=d.state, reason=d.reason)
+            )
+            if getattr(result, "rowcount", 0) and before != d.state:
+                add_event(
+                    session,
+                    ACTOR,
+                    "cluster." + d.state.value.lower(),
+                    d.cluster,
+                    cluster.owner_id,
+                    reason=d.reason,
+                )

@@ -1,0 +1,149 @@
+"""Pydantic request/response schemas of the REST API (separate from the database models)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorOut(BaseModel):
+    """Every refusal: a message that says what to fix, and the HTTP status."""
+
+    error: str
+    status: int
+
+
+class UserCreate(BaseModel):
+    """Create a user (admin only)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=63, description="DNS-label user name")
+    admin: bool = False
+
+
+class UserOut(BaseModel):
+    """A user; `token` is present only in the answer that created it."""
+
+    name: str
+    admin: bool
+    token: str | None = None
+
+
+class ClusterCreate(BaseModel):
+    """Create a cluster: one launcher plus `containers - 1` workers."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=200, description="DNS label, e.g. tthvd")
+    framework: str = Field(default="horovod", max_length=200)
+    containers: int = Field(default=2, description="total containers including the launcher (>= 2)")
+    gpus_per_container: int = 0
+    shm: str = Field(default="64Mi", max_length=64, description="shared-memory size, e.g. 512Mi or 2Gi")
+    image: str = Field(default="local", max_length=255)
+    mounts: list[str] = Field(default_factory=list, description="SOURCE:TARGET, SOURCE absolute")
+    restart_policy: str = Field(default="Always", max_length=32)
+
+
+class ClusterScale(BaseModel):
+    """Change a cluster's container count (launcher included)."""
+
+    model_config = ConfigDict(extra="forbid")
+    containers: int
+
+
+class ContainerOut(BaseModel):
+    """One container as observed."""
+
+    name: str
+    role: str
+    address: str
+    gpus: int
+    gpu_ids: list[int]
+    state: str
+    reason: str
+    pid: int | None
+    started_at: datetime | None
+
+
+class ClusterOut(BaseModel):
+    """A cluster: desired fields, observed state, containers, hostfile generation."""
+
+    name: str
+    owner: str
+    framework: str
+    state: str
+    reason: str
+    desired_containers: int
+    gpus_per_container: int
+    shm: str
+    shm_bytes: int
+    image: str
+    mounts: list[str]
+    restart_policy: str
+    hostfile_generation: int
+    launch_hint: str = Field(description="how to start training from the launcher container")
+    created_at: datetime
+    containers: list[ContainerOut]
+
+
+class ExecRequest(BaseModel):
+    """A command to run in the launcher container (or the named one)."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[str] = Field(min_length=1)
+    container: str | None = None
+
+
+class EventOut(BaseModel):
+    """An audit event."""
+
+    at: datetime
+    actor: str
+    action: str
+    cluster: str
+    detail: dict[str, object]
+
+
+class InventoryOut(BaseModel):
+    """The node's GPU inventory."""
+
+    gpus: int
+    real: bool
+    used: int
+    free: int
+
+
+class JobSubmit(BaseModel):
+    """A command to run detached in the cluster's launcher container."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[str] = Field(min_length=1)
+
+
+class JobProgress(BaseModel):
+    """A progress report from a running job (every field optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+    step: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    world_size: int | None = None
+
+
+class JobOut(BaseModel):
+    """A job: command, status and its last reported progress."""
+
+    id: int
+    cluster: str
+    command: list[str]
+    status: str
+    pid: int | None
+    exit_code: int | None
+    step: int | None
+    epoch: int | None
+    loss: float | None
+    samples_per_s: float | None
+    world_size: int | None
+    created_at: datetime
+    finished_at: datetime | None

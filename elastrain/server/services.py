@@ -1,0 +1,362 @@
+"""Services: what the API routes do, on top of the repository, the backend and the reconciler."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import re
+import secrets
+import select
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from elastrain.backends.api import Backend
+from elastrain.backends.local import HOSTFILE_PATH
+from elastrain.db.models import (
+    Cluster,
+    ClusterState,
+    ContainerRole,
+    ContainerState,
+    Framework,
+    RestartPolicy,
+    User,
+)
+from elastrain.db.repository import (
+    add_event,
+    all_clusters,
+    cluster_by_name,
+    create_user,
+    events_for,
+    find_cluster,
+    user_by_name,
+    user_by_token,
+    visible_clusters,
+)
+from elastrain.db.session import Database
+from elastrain.server import schemas
+from elastrain.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from elastrain.server.inventory import Inventory, parse_gpu_ids
+from elastrain.server.reconciler import Reconciler, aware, container_spec
+from elastrain.server.validation import (
+    check_containers,
+    check_framework,
+    check_gpus,
+    check_name,
+    format_size,
+    parse_mount,
+    parse_size,
+)
+
+_RUN = "elastrain run --hostfile /etc/mpi/hostfile"
+LAUNCH_HINTS = {
+    Framework.horovod: f"{_RUN} -np N python train.py   # horovodrun flags; --min-np/--max-np to resize",
+    Framework.deepspeed: f"{_RUN} --min-np 1 --max-np N python train.py   # DeepSpeed hostfile format",
+    Framework.megatron: f"{_RUN} --min-np 1 --max-np N python pretrain.py",
+    Framework.pytorch: f"{_RUN} --nproc-per-node 1 python train.py   # torchrun-style env vars",
+    Framework.slurm: f"{_RUN} -np N python train.py   # hosts as a Slurm nodelist would give them",
+}
+
+
+def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
+    """The API view of a cluster row."""
+    mounts = json.loads(cluster.mounts or "[]")
+    return schemas.ClusterOut(
+        name=cluster.name,
+        owner=cluster.owner.name,
+        framework=cluster.framework.value,
+        state=cluster.state.value,
+        reason=cluster.reason,
+        desired_containers=cluster.desired_containers,
+        gpus_per_container=cluster.gpus_per_container,
+        shm=format_size(cluster.shm_bytes),
+        shm_bytes=cluster.shm_bytes,
+        image=cluster.image,
+        mounts=[f"{m['source']}:{m['target']}" for m in mounts],
+        restart_policy=cluster.restart_policy.value,
+        hostfile_generation=cluster.hostfile_generation,
+        launch_hint=LAUNCH_HINTS[cluster.framework],
+        created_at=aware(cluster.created_at) or cluster.created_at,
+        containers=[
+            schemas.ContainerOut(
+                name=k.name,
+                role=k.role.value,
+                address=k.address,
+                gpus=k.gpus,
+                gpu_ids=parse_gpu_ids(k.gpu_ids),
+                state=k.state.value,
+                reason=k.reason,
+                pid=k.pid,
+                started_at=aware(k.started_at),
+            )
+            for k in cluster.containers
+        ],
+    )
+
+
+def check_owner(cluster: Cluster, user: User) -> None:
+    """Commands run only for the cluster's owner (an admin may see the cluster, not exec into it)."""
+    if cluster.owner_id != user.id:
+        raise Forbidden(f"only the owner of cluster {cluster.name!r} can run commands in it")
+
+
+def rewrite_command(command: list[str], hostfile: Path, mounts: dict[str, Path]) -> list[str]:
+    """Map container paths in `command` to this machine: the hostfile and the mount targets.
+
+    A path is rewritten wherever it starts a word (also inside ``sh -c "..."`` strings or after ``=``).
+    """
+    out = []
+    for arg in command:
+        arg = arg.replace(HOSTFILE_PATH, str(hostfile))
+        for target, local in mounts.items():
+            pattern = r"(?<![\w./-])" + re.escape(target) + r"(?=/|$|[\s'\";:])"
+            arg = re.sub(pattern, str(local).replace("\\", "\\\\"), arg)
+        out.append(arg)
+    return out
+
+
+@dataclass
+class Services:
+    """Every operation of the API; routes only parse, call one of these and serialize."""
+
+    db: Database
+    backend: Backend
+    inventory: Inventory
+    reconciler: Reconciler
+    allowed_mount_roots: list[Path] = field(default_factory=list)
+    on_change: Callable[[], None] | None = None
+
+    # --- users -------------------------------------------------------------------------------------
+    def authenticate(self, session: Session, token: str) -> User | None:
+        """The user owning `token` (None for an unknown token)."""
+        return user_by_token(session, token)
+
+    def create_user(self, actor: User, req: schemas.UserCreate) -> schemas.UserOut:
+        """Create a user and their first token (admins only)."""
+        if not actor.is_admin:
+            raise Forbidden("only an admin can create users")
+        check_name(req.name, "user name")
+        with self.db.session() as session:
+            if user_by_name(session, req.name) is not None:
+                raise Conflict(f"user {req.name!r} exists already")
+            user, token = create_user(session, req.name, req.admin)
+            add_event(session, actor.name, "user.created", user=req.name, admin=req.admin)
+            return schemas.UserOut(name=user.name, admin=user.is_admin, token=token)
+
+    # --- clusters ----------------------------------------------------------------------------------
+    def _get(self, session: Session, user: User, name: str) -> Cluster:
+        cluster = find_cluster(session, user, name)
+        if cluster is None:
+            raise NotFound(f"cluster {name!r} not found")
+        return cluster
+
+    def list_clusters(self, user: User) -> list[schemas.ClusterOut]:
+        """The caller's clusters."""
+        with self.db.session() as session:
+            return [cluster_out(c) for c in visible_clusters(session, user)]
+
+    def get_cluster(self, user: User, name: str) -> schemas.ClusterOut:
+        """One of the caller's clusters (404 for others')."""
+        with self.db.session() as session:
+            return cluster_out(self._get(session, user, name))
+
+    def _check_gpu_total(self, containers: int, gpus: int) -> None:
+        if containers * gpus > self.inventory.gpus:
+            kind = "real" if self.inventory.real else "virtual"
+            raise InvalidRequest(
+                f"{containers} containers x {gpus} GPUs = {containers * gpus} GPUs, but this node has "
+                f"{self.inventory.gpus} {kind} GPUs; ask for fewer (or start the server with --gpus N)"
+            )
+
+    def create_cluster(self, user: User, req: schemas.ClusterCreate) -> schemas.ClusterOut:
+        """Validate and record a new cluster; the reconciler starts its containers."""
+        check_name(req.name)
+        framework = check_framework(req.framework)
+        check_containers(req.containers)
+        check_gpus(req.gpus_per_container)
+        shm = parse_size(req.shm)
+        try:
+            policy = RestartPolicy(req.restart_policy)
+        except ValueError:
+            raise InvalidRequest(
+                f"restart_policy must be one of: {', '.join(p.value for p in RestartPolicy)}"
+            ) from None
+        self._check_gpu_total(req.containers, req.gpus_per_container)
+        mounts = [parse_mount(m, self.allowed_mount_roots) for m in req.mounts]
+        if len({m.target for m in mounts}) != len(mounts):
+            raise InvalidRequest("two mounts share a target path; give each mount its own target")
+        with self.db.session() as session:
+            if cluster_by_name(session, req.name) is not None:
+                raise Conflict(f"cluster name {req.name!r} is taken; pick another name")
+            cluster = Cluster(
+                name=req.name,
+                uid=secrets.token_hex(8),
+                owner_id=user.id,
+                framework=framework,
+                desired_containers=req.containers,
+                gpus_per_container=req.gpus_per_container,
+                shm_bytes=shm,
+                image=req.image,
+                mounts=json.dumps([{"source": m.source, "target": m.target} for m in mounts]),
+                restart_policy=policy,
+                state=ClusterState.Pending,
+                reason="starting containers",
+            )
+            session.add(cluster)
+            add_event(
+                session,
+                user.name,
+                "cluster.created",
+                req.name,
+                user.id,
+                containers=req.containers,
+                gpus_per_container=req.gpus_per_container,
+                framework=framework.value,
+            )
+            session.flush()
+            session.refresh(cluster)
+            out = cluster_out(cluster)
+        self._changed()
+        return out
+
+    def scale_cluster(self, user: User, name: str, containers: int) -> schemas.ClusterOut:
+        """Set the desired container count."""
+        check_containers(containers)
+        with self.db.session() as session:
+            cluster = self._get(session, user, name)
+            if cluster.state == ClusterState.Terminating:
+                raise Conflict(f"cluster {name!r} is being deleted")
+            self._check_gpu_total(containers, cluster.gpus_per_container)
+            before = cluster.desired_containers
+            cluster.desired_containers = containers
+            add_event(session, user.name, "cluster.scaled", name, user.id, before=before, after=containers)
+            out = cluster_out(cluster)
+        self._changed()
+        return out
+
+    def delete_cluster(self, user: User, name: str) -> schemas.ClusterOut:
+        """Mark the cluster for deletion; the reconciler stops everything and removes it."""
+        with self.db.session() as session:
+            cluster = self._get(session, user, name)
+            if cluster.state != ClusterState.Terminating:
+                cluster.state, cluster.reason = ClusterState.Terminating, "deleting"
+                add_event(session, user.name, "cluster.delete_requested", name, user.id)
+            out = cluster_out(cluster)
+        self._changed()
+        return out
+
+    def hostfile(self, user: User, name: str) -> str:
+        """The cluster's current hostfile text."""
+        with self.db.session() as session:
+            cluster = self._get(session, user, name)
+            return Reconciler.hostfile_text(cluster)
+
+    def events(self, user: User, name: str) -> list[schemas.EventOut]:
+        """The cluster's audit trail."""
+        with self.db.session() as session:
+            self._get(session, user, name)
+            return [
+                schemas.EventOut(
+                    at=e.at,
+                    actor=e.actor,
+                    action=e.action,
+                    cluster=e.cluster,
+                    detail=json.loads(e.detail or "{}"),
+                )
+                for e in events_for(session, name)
+            ]
+
+    def container_logs(self, user: User, name: str, container: str | None) -> str:
+        """The captured output of a container's init process (the launcher's by default)."""
+        with self.db.session() as session:
+            cluster = self._get(session, user, name)
+            rows = [
+                k
+                for k in cluster.containers
+                if (k.name == container if container else k.role == ContainerRole.launcher)
+            ]
+            if not rows:
+                raise NotFound(f"container {container!r} not found in cluster {name!r}")
+        return "".join(self.backend.logs(name, rows[0].name))
+
+    def inventory_out(self) -> schemas.InventoryOut:
+        """GPU inventory and usage."""
+        with self.db.session() as session:
+            used = sum(
+                k.gpus
+                for c in all_clusters(session)
+                for k in c.containers
+                if k.state != ContainerState.Failed
+            )
+        return schemas.InventoryOut(
+            gpus=self.inventory.gpus, real=self.inventory.real, used=used, free=self.inventory.gpus - used
+        )
+
+    # --- exec --------------------------------------------------------------------------------------
+    def exec_stream(self, user: User, name: str, req: schemas.ExecRequest) -> Iterator[bytes]:
+        """Start the command in the launcher container; returns NDJSON chunks: {"out"}... then {"exit"}."""
+        with self.db.session() as session:
+            cluster = self._get(session, user, name)
+            check_owner(cluster, user)
+            role_match = [
+                k
+                for k in cluster.containers
+                if (k.name == req.container if req.container else k.role == ContainerRole.launcher)
+            ]
+            if not role_match:
+                raise NotFound(f"container {req.container!r} not found in cluster {name!r}")
+            row = role_match[0]
+            if row.state != ContainerState.Running:
+                raise Conflict(f"container {row.name} is {row.state.value}, not Running; wait and retry")
+            spec = container_spec(cluster, row, self.inventory.real)
+            add_event(
+                session, user.name, "cluster.exec", name, user.id, container=row.name, command=req.command
+            )
+        hostfile = self.backend.container_path(spec.cluster, spec.name, HOSTFILE_PATH)
+        mounts = {
+            m.target: self.backend.container_path(spec.cluster, spec.name, m.target) for m in spec.mounts
+        }
+        command = rewrite_command(req.command, hostfile, mounts)
+        try:
+            proc = self.backend.exec(spec, command)
+        except OSError as exc:
+            raise InvalidRequest(f"cannot run {command[0]!r}: {exc.strerror}") from None
+        return _stream(proc)
+
+    def _changed(self) -> None:
+        self.reconciler.wake()
+        if self.on_change is not None:
+            self.on_change()
+
+
+def _stream(proc: subprocess.Popen[bytes]) -> Iterator[bytes]:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    try:
+        while True:
+            ready, _w, _x = select.select([fd], [], [], 1.0)
+            if not ready:  # a keep-alive blank line: a closed client is noticed and the command stopped
+                yield b"\n"
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            text = decoder.decode(chunk)
+            if text:
+                yield (json.dumps({"out": text}) + "\n").encode()
+        code = proc.wait()
+        yield (json.dumps({"exit": code}) + "\n").encode()
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        proc.stdout.close()

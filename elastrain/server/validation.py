@@ -1,0 +1,107 @@
+"""Input checks with messages that say how to fix the value: names, sizes, mounts, frameworks."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from elastrain.backends.api import Mount
+from elastrain.db.models import Framework
+from elastrain.server.errors import InvalidRequest
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?|[kmgtp]i?|[KMGTP]?B?|)\s*$")
+_UNITS = {
+    "": 1, "B": 1,
+    "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4, "P": 1000**5,
+    "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4, "PI": 1024**5,
+    "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4, "PB": 1000**5,
+}  # fmt: skip
+MAX_CONTAINERS = 64
+
+
+def check_name(name: str, what: str = "cluster name") -> str:
+    """A DNS label: lowercase letters, digits and '-', 1..63 characters, alphanumeric at both ends."""
+    if not isinstance(name, str) or not _DNS_LABEL.match(name):
+        raise InvalidRequest(
+            f"{what} {name!r} is not a DNS label: use 1-63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit (e.g. 'tthvd')"
+        )
+    return name
+
+
+def check_framework(value: str) -> Framework:
+    """The framework enum member for `value`; the refusal lists the valid ones."""
+    try:
+        return Framework(value)
+    except ValueError:
+        valid = ", ".join(f.value for f in Framework)
+        raise InvalidRequest(f"unknown framework {value!r}; valid frameworks: {valid}") from None
+
+
+def check_containers(count: int, limit: int = MAX_CONTAINERS) -> int:
+    """A container count: one launcher plus at least one worker."""
+    if count < 2:
+        raise InvalidRequest(
+            f"containers must be at least 2 (got {count}): the count includes the launcher container, "
+            "so 2 means one launcher and one worker"
+        )
+    if count > limit:
+        raise InvalidRequest(f"containers must be at most {limit} (got {count})")
+    return count
+
+
+def check_gpus(count: int) -> int:
+    """GPUs per container: zero or more."""
+    if count < 0:
+        raise InvalidRequest(f"gpus per container must be >= 0 (got {count})")
+    return count
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size like ``512Mi``, ``2Gi``, ``1G`` or ``1048576``."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise InvalidRequest(f"size {text!r} is not understood; write e.g. 512Mi, 2Gi or 1G")
+    number, unit = match.groups()
+    value = float(number) * _UNITS[unit.upper()]
+    if value > 2**50:
+        raise InvalidRequest(f"size {text!r} is too large")
+    return int(value)
+
+
+def format_size(size: int) -> str:
+    """The shortest exact binary-unit spelling of `size` (``1Gi``, ``512Mi``, ``1000``)."""
+    for unit, factor in (("Ti", 1024**4), ("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024)):
+        if size and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+def parse_mount(spec: str, allowed_roots: list[Path]) -> Mount:
+    """``SOURCE:TARGET`` with an absolute, existing SOURCE inside an allowed root and an absolute TARGET."""
+    source, sep, target = str(spec).rpartition(":")
+    if not sep or not source or not target:
+        raise InvalidRequest(f"mount {spec!r} is not SOURCE:TARGET; write e.g. /home/me/data:/data")
+    if not os.path.isabs(source):
+        raise InvalidRequest(
+            f"mount source {source!r} must be an absolute path (the CLI resolves ./data for you)"
+        )
+    if ".." in Path(source).parts or ".." in Path(target).parts:
+        raise InvalidRequest(f"mount {spec!r} may not contain '..'")
+    if not target.startswith("/") or target.rstrip("/") in ("", "/etc", "/etc/mpi", "/var", "/var/log"):
+        raise InvalidRequest(
+            f"mount target {target!r} must be an absolute path such as /data (not / or /etc)"
+        )
+    real = Path(source).resolve()
+    if not real.exists():
+        raise InvalidRequest(f"mount source {source} does not exist; create it first")
+    roots = [r.resolve() for r in allowed_roots]
+    if not any(real == root or root in real.parents for root in roots):
+        listed = ", ".join(str(r) for r in roots) or "(none)"
+        raise InvalidRequest(
+            f"mount source {source} is outside the allowed roots ({listed}); "
+            "start the server with --allow-mount DIR to allow it"
+        )
+    return Mount(str(real), "/" + target.strip("/"))

@@ -1,0 +1,140 @@
+"""Browser-test fixtures: Debian's chromium driven by Playwright for Python, and a real `elastrain server`.
+
+Nothing is downloaded: without /usr/bin/chromium or the playwright package the tests are skipped with
+the reason (`make portal-deps` installs both). The server is the integration tests' `ControlPlane`
+(free port, temp data dir, --gpus 8), stopped by PID with every container process it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_control_plane import ControlPlane
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO / "artifacts" / "screenshots"
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+
+
+def _descendants(root: int) -> list[int]:
+    """PIDs of every living process below `root` (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _is_browser_process(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().lower()
+    except OSError:
+        return False
+    return b"chrom" in argv or b"playwright" in argv
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """One headless chromium for the session; at the end it is closed and any process left of the
+    Playwright driver or chromium (our descendants only) is killed by PID."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing: `make portal-deps` (apt-get install chromium) installs it")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright for Python is not installed: `make install` (dev extra) installs it")
+    before = set(_descendants(os.getpid()))
+    try:
+        with sync_playwright() as pw:
+            chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            try:
+                yield chromium
+            finally:
+                chromium.close()
+    finally:
+        for pid in set(_descendants(os.getpid())) - before:
+            if _is_browser_process(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A real control plane for the module's tests; its clusters are deleted and it is stopped by PID."""
+    plane = ControlPlane(tmp_path_factory.mktemp("portal"))
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.cleanup()
+        shutil.rmtree(plane.root / "data" / "clusters", ignore_errors=True)
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh browser context (empty sessionStorage) at 1280x800; a JS error or a Content Security
+    Policy violation fails the test."""
+    context = browser.new_context(viewport=DESKTOP)
+    tab = context.new_page()
+    tab.set_default_timeout(20_000)
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    tab.on(
+        "console",
+        lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None,
+    )
+    try:
+        yield tab
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+@pytest.fixture
+def shot() -> Callable[[Any, str], Path]:
+    """`shot(page, "name")` saves artifacts/screenshots/name.png (the full page) and returns its path."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    def take(tab: Any, name: str) -> Path:
+        path = SCREENSHOTS / f"{name}.png"
+        tab.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take
+
+
+def sign_in(tab: Any, url: str, token: str) -> None:
+    """Sign in through the form and land on the clusters list."""
+    tab.goto(f"{url}/signin")
+    tab.get_by_label("API token").fill(token)
+    tab.get_by_role("button", name="Sign in").click()
+    tab.wait_for_url(f"{url}/clusters")

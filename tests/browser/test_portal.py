@@ -1,0 +1,223 @@
+"""The web portal in a real chromium against a real `elastrain server` (the seed's click-by-click flow).
+
+Sign in, create a 2-container Horovod cluster through the form, watch both containers go Running
+without a reload, run a job and watch its charts, scale 2 -> 4 in the scale panel (the hostfile and
+the job's world-size chart follow), use the launcher terminal, delete the cluster; plus the refusals:
+a wrong token, invalid form input (errors next to the fields), another user's cluster ("not found").
+Screenshots of every page go to artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import PHONE, sign_in
+from tests.integration.test_control_plane import ControlPlane, wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+# A stand-in for an elastic training job: it reports progress like `elastrain run` jobs do, with the
+# world size read from the hostfile it is given, so the chart follows the cluster's size.
+PROGRESS_JOB = """\
+import os, sys, time
+from elastrain.client import report_progress
+
+hostfile = sys.argv[1]
+for step in range(1, 100000):
+    slots = 0
+    with open(hostfile) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                m = [w for w in line.split() if w.startswith("slots=")]
+                slots += int(m[0].split("=")[1]) if m else 1
+    loss = 2.0 / (1 + 0.05 * step)
+    print(f"step {step}: world {slots}, loss {loss:.4f}", flush=True)
+    report_progress(step=step, epoch=step // 20, loss=loss, samples_per_s=250.0 * slots, world_size=slots)
+    time.sleep(0.25)
+"""
+
+
+def _containers(tab: Any, state: str) -> Any:
+    return tab.locator("#containers-body tr").filter(has=tab.locator(f".state-{state.lower()}"))
+
+
+def test_wrong_token_shows_an_error(server: ControlPlane, page: Any, shot: Callable[..., Path]) -> None:
+    page.goto(f"{server.url}/clusters")
+    page.wait_for_url(re.compile(r"/signin\?next="))  # no token: every page sends you to sign in
+    page.get_by_label("API token").fill("et_not-a-real-token")
+    page.get_by_role("button", name="Sign in").click()
+    error = page.locator("#token-error")
+    error.wait_for(state="visible")
+    assert "not accepted" in error.inner_text() and "unknown token" in error.inner_text()
+    assert page.url.startswith(f"{server.url}/signin")
+    assert page.get_by_role("button", name="Sign out").is_hidden()
+    shot(page, "01-signin-wrong-token")
+
+
+def test_create_scale_job_terminal_delete(
+    server: ControlPlane, page: Any, shot: Callable[..., Path], browser: Any
+) -> None:
+    data = server.mounts / "data"
+    data.mkdir(exist_ok=True)
+    (data / "progress_job.py").write_text(PROGRESS_JOB)
+    sign_in(page, server.url, server.token)
+    page.get_by_role("heading", name="Distributed training clusters").wait_for()
+    shot(page, "02-clusters-empty")
+
+    # Create: the seed's fields, filled by label.
+    page.get_by_role("link", name="Create cluster").click()
+    page.wait_for_url(f"{server.url}/clusters/new")
+    page.get_by_label("Horovod").check()
+    page.get_by_label("Cluster name").fill("tthvd")
+    page.get_by_label("Containers", exact=True).fill("2")
+    page.get_by_label("Enable GPU").check()
+    page.get_by_label("GPUs per container").fill("1")
+    assert "8 free" in page.get_by_label("GPU type").inner_text()
+    page.get_by_label("Enable shared memory").check()
+    page.get_by_label("Shared memory size").fill("1Gi")
+    page.get_by_label("Host path").fill(str(data))
+    page.get_by_label("Mount at").fill("/data")
+    shot(page, "03-create-form")
+    page.get_by_role("button", name="Submit").click()
+
+    # The cluster page: containers go Pending -> Running without a reload.
+    page.wait_for_url(f"{server.url}/clusters/tthvd")
+    page.evaluate("window.__noReload = true")
+    wait_for(lambda: _containers(page, "Running").count() == 2, 30, "2 Running containers")
+    assert page.evaluate("window.__noReload") is True
+    roles = page.locator("#containers-body tr td[data-label=Role]").all_inner_texts()
+    assert roles == ["launcher", "worker"]
+    assert page.locator("#containers-body td[data-label=GPUs]").first.inner_text().startswith("1")
+    page.locator("#hostfile").filter(has_text="slots=1").wait_for()
+    assert "created with 2 containers (horovod)" in page.locator("#events-body").inner_text()
+    shot(page, "04-cluster-running")
+
+    # A job through the cluster page's form; its page charts progress live.
+    page.get_by_label("Command").fill("python /data/progress_job.py /etc/mpi/hostfile")
+    page.get_by_role("button", name="Submit job").click()
+    page.wait_for_url(re.compile(r"/jobs/\d+$"))
+    job_url = page.url
+    page.locator("#job-log").filter(has_text="world 1").wait_for()
+    page.locator("#chart-world canvas").wait_for()
+    shot(page, "05-job-world-1")
+
+    # Scale 2 -> 4 from the list: check the row, "Scale containers", change the count, confirm.
+    page.goto(f"{server.url}/clusters")
+    row = page.locator("#clusters-body tr[data-cluster=tthvd]")
+    row.get_by_label("Select cluster tthvd").check()
+    page.get_by_role("button", name="Scale containers").click()
+    panel = page.get_by_role("dialog", name="Scale containers")
+    panel.get_by_label("Container count").fill("4")
+    shot(page, "06-scale-panel")
+    panel.get_by_role("button", name="Confirm").click()
+    wait_for(lambda: row.locator(".containers").inner_text() == "4/4", 30, "4/4 containers in the list")
+    assert row.locator("td[data-label=GPUs]").inner_text() == "4"
+    shot(page, "07-clusters-scaled")
+
+    page.get_by_role("link", name="tthvd").click()
+    wait_for(lambda: _containers(page, "Running").count() == 4, 30, "4 Running containers")
+    hostfile = page.locator("#hostfile")
+    wait_for(lambda: hostfile.inner_text().count("slots=1") == 3, 20, "3 workers in the hostfile")
+    generation = page.locator("#hostfile-generation").inner_text()
+    found = re.search(r"\d+", generation)
+    assert found and int(found.group()) >= 2, generation
+    assert "scaled 2 → 4 containers" in page.locator("#events-body").inner_text()
+    shot(page, "08-cluster-scaled")
+
+    # The job saw the resize: world size 1 -> 3 on the chart, marked as a resize event.
+    page.goto(job_url)
+    resizes = page.locator("#resize-list li")  # 1 -> 3, or 1 -> 2 -> 3 when the workers come up apart
+    resizes.filter(has_text=re.compile(r"world size \d → 3")).wait_for(timeout=30_000)
+    assert "world size 1 →" in resizes.first.inner_text()
+    page.locator("#job-log").filter(has_text="world 3").wait_for()
+    shot(page, "09-job-resized")
+
+    # The launcher terminal: a real shell in the container's root with its environment.
+    page.goto(f"{server.url}/clusters/tthvd/terminal")
+    page.get_by_text("Connected to the launcher container.").wait_for()
+    page.locator(".xterm").click()
+    page.keyboard.type("echo role=$ELASTRAIN_CONTAINER_ROLE workers=$(grep -c slots= etc/mpi/hostfile)\n")
+    page.locator(".xterm-rows").filter(has_text="role=launcher workers=3").wait_for()
+    shot(page, "10-terminal")
+
+    # Phone width: the cluster page stacks its tables.
+    phone = browser.new_context(viewport=PHONE)
+    try:
+        tab = phone.new_page()
+        sign_in(tab, server.url, server.token)
+        tab.goto(f"{server.url}/clusters/tthvd")
+        wait_for(lambda: _containers(tab, "Running").count() == 4, 20, "4 Running on the phone")
+        width = tab.evaluate("document.documentElement.scrollWidth")
+        assert width <= PHONE["width"], f"the page scrolls sideways on a phone ({width}px)"
+        shot(tab, "11-cluster-phone")
+    finally:
+        phone.close()
+
+    # Delete with confirmation: Cancel keeps it, Delete removes it.
+    page.goto(f"{server.url}/clusters/tthvd")
+    page.get_by_role("button", name="Delete cluster").click()
+    page.get_by_role("button", name="Cancel").click()
+    assert page.url.endswith("/clusters/tthvd")
+    page.get_by_role("button", name="Delete cluster").click()
+    shot(page, "12-delete-confirm")
+    page.locator("#delete-dialog").get_by_role("button", name="Delete").click()
+    page.wait_for_url(f"{server.url}/clusters")
+    page.locator("#clusters-empty").wait_for(timeout=30_000)
+    with server.client() as c:
+        assert c.list_clusters() == []
+
+
+def test_invalid_input_shows_field_errors(server: ControlPlane, page: Any, shot: Callable[..., Path]) -> None:
+    sign_in(page, server.url, server.token)
+    page.goto(f"{server.url}/clusters/new")
+
+    def submit_and_expect(field: str, text: str) -> None:
+        page.get_by_role("button", name="Submit").click()
+        error = page.locator(f"#{field}-error")
+        error.filter(has_text=text).wait_for()
+        assert page.url.endswith("/clusters/new")
+
+    page.get_by_label("Cluster name").fill("Bad_Name")
+    submit_and_expect("name", "not a DNS label")
+    assert page.get_by_label("Cluster name").get_attribute("aria-invalid") == "true"
+    shot(page, "13-create-invalid-name")
+    page.get_by_label("Cluster name").fill("ok")
+    page.get_by_label("Containers", exact=True).fill("1")
+    submit_and_expect("containers", "at least 2")
+    assert page.locator("#name-error").is_hidden()
+    shot(page, "14-create-invalid-containers")
+    page.get_by_label("Containers", exact=True).fill("2")
+    page.get_by_label("Enable GPU").check()
+    page.get_by_label("GPUs per container").fill("5")
+    submit_and_expect("gpus", "this node has 8")
+    page.get_by_label("GPUs per container").fill("1")
+    page.get_by_label("Enable shared memory").check()
+    page.get_by_label("Shared memory size").fill("lots")
+    submit_and_expect("shm", "not understood")
+    page.get_by_label("Shared memory size").fill("1Gi")
+    page.get_by_label("Host path").fill("/definitely/not/here")
+    submit_and_expect("mounts", "does not exist")
+    with server.client() as c:
+        assert "ok" not in [k.name for k in c.list_clusters()], "a refused form must not create a cluster"
+
+
+def test_other_users_cluster_is_not_found(server: ControlPlane, page: Any, shot: Callable[..., Path]) -> None:
+    with server.client() as admin:
+        bob = admin.create_user("bob")
+        admin.create_cluster("private", containers=2)
+    try:
+        sign_in(page, server.url, bob)
+        assert page.locator("#clusters-body tr").count() == 0
+        page.goto(f"{server.url}/clusters/private")
+        page.locator("#page-error").filter(has_text="Cluster “private” not found.").wait_for()
+        assert page.locator("#cluster-view").is_hidden()
+        shot(page, "15-other-users-cluster")
+    finally:
+        with server.client() as admin:
+            admin.delete_cluster("private")
+            admin.wait_deleted("private", timeout=30)

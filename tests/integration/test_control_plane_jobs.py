@@ -1,0 +1,163 @@
+"""Jobs: submit, progress, logs, cancel, failure codes; an elastic job following the cluster's size."""
+
+# ruff: noqa: F811 - `cp` and `postgres` are the harness's fixtures, imported by name
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from elastrain.backends.procs import pid_alive
+from elastrain.client import ClientError
+from tests.integration.test_control_plane import (  # noqa: F401 - cp and postgres are fixtures
+    REPO,
+    ControlPlane,
+    all_running,
+    cp,
+    postgres,
+    settled,
+    sqlite_only,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_jobs_submit_progress_logs_cancel(cp: ControlPlane) -> None:
+    with cp.client() as c:
+        c.create_cluster("jobs", containers=2)
+        c.wait_cluster("jobs", all_running)
+        script = (
+            "from elastrain.client import report_progress as r; print('start', flush=True); "
+            "assert r(step=5, epoch=1, loss=0.5, samples_per_s=100.0, world_size=2); print('reported')"
+        )
+        ok = c.submit_job("jobs", ["python", "-c", script])
+        job = wait_for(lambda: (j := c.get_job(ok["id"]))["status"] != "Running" and j, 60, "the job to end")
+        assert job["status"] == "Succeeded" and job["exit_code"] == 0, c.job_logs(ok["id"])[0]
+        assert (job["step"], job["epoch"], job["loss"], job["samples_per_s"], job["world_size"]) == (
+            5,
+            1,
+            0.5,
+            100.0,
+            2,
+        )
+        assert "start\nreported\n" in "".join(c.follow_job_logs(ok["id"]))
+
+        failing = c.submit_job(
+            "jobs", ["sh", "-c", "echo 'epoch 2 done: world 3, step 7, loss 0.25'; exit 7"]
+        )
+        job = wait_for(
+            lambda: (j := c.get_job(failing["id"]))["status"] != "Running" and j, 60, "the job to end"
+        )
+        assert (job["status"], job["exit_code"], job["step"], job["world_size"]) == ("Failed", 7, 7, 3)
+        out = cp.cli("job", "logs", "-f", str(failing["id"]))
+        assert out.returncode == 7 and "epoch 2 done" in out.stdout
+
+        sleeper = c.submit_job("jobs", ["sleep", "60"])
+        assert c.cancel_job(sleeper["id"])["status"] == "Cancelled"
+        wait_for(lambda: not pid_alive(sleeper["pid"]), 60, "the cancelled job to stop")
+
+        orphan = c.submit_job("jobs", ["sleep", "60"])
+        with cp.client(c.create_user("jobless")) as other, pytest.raises(ClientError) as err:
+            other.get_job(orphan["id"])
+        assert err.value.status == 404
+        assert [j["id"] for j in c.list_jobs("jobs")] == [
+            ok["id"],
+            failing["id"],
+            sleeper["id"],
+            orphan["id"],
+        ]
+        c.delete_cluster("jobs")
+        c.wait_deleted("jobs")
+        assert not pid_alive(orphan["pid"]), "deleting the cluster must stop its jobs"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_elastic_training_grows_and_shrinks_with_the_cluster(cp: ControlPlane) -> None:
+    """The seed's flow: a job in the launcher container follows scale 3->5->3 live."""
+    sqlite_only(cp)
+    examples = cp.mounts / "examples"  # a copy: a symlink out of the allowed root would be refused
+    examples.mkdir(exist_ok=True)
+    for name in ("mnist_elastic.py", "mnist1d_data.py"):
+        shutil.copy(REPO / "examples" / name, examples / name)
+    with cp.client() as c:
+        c.create_cluster("train", containers=3, gpus_per_container=1, mounts=[f"{examples}:/examples"])
+        c.wait_cluster("train", settled(c, "train"))
+        run = "elastrain run -v --min-np 1 --max-np 4 --hostfile /etc/mpi/hostfile --join-grace 1"
+        train = "python /examples/mnist_elastic.py --epochs 100 --batch-size 256 --step-sleep 0.02"
+        job = c.submit_job("train", f"{run} {train}".split())
+
+        def world(size: int) -> Callable[[], bool]:
+            def check() -> bool:
+                current = c.get_job(job["id"])
+                assert current["status"] == "Running", c.job_logs(job["id"])[0][-3000:]
+                return bool(current["world_size"] == size)
+
+            return check
+
+        wait_for(world(2), 120, "the job to train with 2 workers")
+        c.scale_cluster("train", 5)
+        wait_for(world(4), 120, "the job to grow to 4 workers")
+        c.scale_cluster("train", 3)
+        wait_for(world(2), 120, "the job to shrink back to 2 workers")
+        step = c.get_job(job["id"])["step"] or 0
+        wait_for(lambda: (c.get_job(job["id"])["step"] or 0) > step, 60, "training to go on after the shrink")
+        log = c.job_logs(job["id"])[0]
+        grown = log.find("formed: 4 workers")
+        assert grown != -1 and "formed: 2 workers (scale_in)" in log[grown:], log[-3000:]
+        c.delete_cluster("train")  # stops the job with the cluster
+        c.wait_deleted("train")
+        assert not pid_alive(job["pid"])
+
+
+def test_exec_stops_the_command_when_the_client_goes_away(cp: ControlPlane) -> None:
+    import subprocess
+    import sys
+
+    sqlite_only(cp)
+    marker = f"elastrain-exec-marker-{cp.port}"
+    with cp.client() as c:
+        c.create_cluster("execgone", containers=2)
+        c.wait_cluster("execgone", all_running)
+        env = {**os.environ, "ELASTRAIN_URL": cp.url, "ELASTRAIN_TOKEN": cp.token}
+        cli = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "elastrain",
+                "cluster",
+                "exec",
+                "execgone",
+                "--",
+                "sh",
+                "-c",
+                f"echo started; sleep 300; echo {marker}",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert cli.stdout is not None and cli.stdout.readline() == "started\n"
+            assert wait_for(lambda: _pids_with(marker), 30, "the command to run")
+        finally:
+            cli.kill()
+            cli.wait()
+        wait_for(lambda: not _pids_with(marker), 30, "the command to stop after the client went away")
+        c.delete_cluster("execgone")
+        c.wait_deleted("execgone")
+
+
+def _pids_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return [p for p in found if pid_alive(p)]

@@ -1,0 +1,125 @@
+"""The reconcile loop against a fake backend and a real (SQLite) database with the Alembic schema."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus
+from elastrain.db.models import Cluster, ClusterState, ContainerState, Framework
+from elastrain.db.repository import all_clusters, create_user
+from elastrain.db.session import Database
+from elastrain.server.inventory import Inventory
+from elastrain.server.reconciler import Reconciler
+
+
+class FakeBackend(Backend):
+    """Containers as dict entries; `ready` immediately."""
+
+    def __init__(self) -> None:
+        self.live: dict[tuple[str, str], int] = {}
+        self.files: dict[str, str] = {}
+        self.next_pid = 100
+        self.creates = 0
+
+    def create_container(self, spec: ContainerSpec) -> ContainerStatus:
+        key = (spec.cluster, spec.name)
+        if key not in self.live:
+            self.creates += 1
+            self.next_pid += 1
+            self.live[key] = self.next_pid
+        return ContainerStatus(spec.cluster, spec.name, self.live[key], True, True, spec.address)
+
+    def delete_container(self, cluster: str, name: str, cluster_uid: str = "") -> None:
+        self.live.pop((cluster, name), None)
+
+    def delete_cluster(self, cluster: str, cluster_uid: str) -> None:
+        for key in [k for k in self.live if k[0] == cluster]:
+            del self.live[key]
+
+    def list_containers(self) -> list[ContainerStatus]:
+        return [ContainerStatus(c, n, pid, True, True) for (c, n), pid in self.live.items()]
+
+    def write_cluster_file(self, cluster: str, path: str, text: str) -> None:
+        self.files[cluster] = text
+
+    def container_path(self, cluster: str, name: str, path: str) -> Path:
+        return Path("/nonexistent") / cluster / name / path.lstrip("/")
+
+    def exec(
+        self, spec: ContainerSpec, command: list[str], log_path: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def logs(self, cluster: str, name: str) -> Iterator[str]:
+        return iter(())
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    database.migrate()
+    database.migrate()  # idempotent
+    with database.session() as session:
+        user, _token = create_user(session, "alice")
+        cluster = Cluster(name="c", uid="u1", owner_id=user.id, framework=Framework.horovod)
+        cluster.desired_containers, cluster.gpus_per_container = 3, 1
+        session.add(cluster)
+    yield database
+    database.dispose()
+
+
+def settle(r: Reconciler, limit: int = 10) -> int:
+    for passes in range(limit):
+        if r.reconcile_once() == 0:
+            return passes
+    raise AssertionError("the reconciler did not settle")
+
+
+def clusters(db: Database) -> list[Cluster]:
+    with db.session() as session:
+        return all_clusters(session)
+
+
+def test_converges_then_is_idempotent(db: Database) -> None:
+    backend = FakeBackend()
+    r = Reconciler(db, backend, Inventory(8, False))
+    settle(r)
+    (c,) = clusters(db)
+    assert c.state == ClusterState.Running and [k.state for k in c.containers] == [ContainerState.Running] * 3
+    assert backend.files["c"].splitlines()[1:] == [f"{k.address} slots=1" for k in c.containers[1:]]
+    assert r.reconcile_once() == 0 and backend.creates == 3
+
+
+def test_restarted_reconciler_adopts_without_duplicates(db: Database) -> None:
+    backend = FakeBackend()
+    settle(Reconciler(db, backend, Inventory(8, False)))
+    before = dict(backend.live)
+    settle(Reconciler(db, backend, Inventory(8, False)))  # a new server process, same backend state
+    assert backend.live == before and backend.creates == 3
+
+
+def test_delete_requested_during_a_pass_is_not_overwritten(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import elastrain.server.reconciler as module
+
+    backend = FakeBackend()
+    r = Reconciler(db, backend, Inventory(8, False))
+    real_plan = module.plan
+
+    def plan_then_delete(*args: object, **kwargs: object) -> list:  # the API deletes mid-pass
+        decisions = real_plan(*args, **kwargs)  # type: ignore[arg-type]
+        with db.session() as session:
+            all_clusters(session)[0].state = ClusterState.Terminating
+        return decisions
+
+    monkeypatch.setattr(module, "plan", plan_then_delete)
+    r.reconcile_once()  # the first pass adds containers and sets the cluster's state and reason
+    monkeypatch.setattr(module, "plan", real_plan)
+    assert clusters(db)[0].state == ClusterState.Terminating
+    settle(r)
+    assert clusters(db) == [] and backend.live == {}
