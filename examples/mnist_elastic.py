@@ -83,7 +83,7 @@ def main() -> None:
                 loss.backward()
                 state.allreduce_gradients()  # sample-weighted average; also carries the resize flag
                 optimizer.step()
-                state.commit()  # every rank stops here together when a new generation is pending
+                state.commit(loss)  # all ranks stop here together when a new generation is pending
                 if state.rank == 0 and sampler.remaining() == 0:
                     print(
                         f"epoch {state.epoch} done: world {state.world_size}, step {state.step}, "

@@ -20,6 +20,7 @@ from elastrain.runtime.checkpoint import (
     load_checkpoint,
 )
 from elastrain.runtime.data import BatchPolicy, ElasticSampler
+from elastrain.runtime.progress import ProgressReporter
 
 if TYPE_CHECKING:
     from elastrain.runtime.loop import Runtime
@@ -57,6 +58,8 @@ class State:
         self._agreed_pending: bool | None = None
         self._checkpointer: Checkpointer | None = None
         self._resumed = False
+        self._progress = ProgressReporter()
+        self._samples_total = 0
         if sampler is not None:
             sampler.bind(self._rank_and_world)
 
@@ -145,10 +148,15 @@ class State:
                 offset += n
         return round(total)
 
-    def commit(self) -> None:
-        """Mark the current step done. Every rank stops here together when a resize is pending."""
+    def commit(self, loss: float | torch.Tensor | None = None) -> None:
+        """Mark the current step done. Every rank stops here together when a resize is pending.
+
+        `loss` (optional) is only read when a progress report to the control plane is due.
+        """
         rt = self._require_runtime()
         step = self.sampler.commit_step() if self.sampler is not None else None
+        if step is not None:
+            self._samples_total += step.size
         if rt.generation is not None:
             epoch = step.epoch if step is not None else getattr(self, "epoch", 0)
             rt.ledger.committed(rt.generation.number, epoch, self.step, rt.world_size)
@@ -160,6 +168,10 @@ class State:
         self._committed_counters = self._counters()
         if rt.rendezvous is not None:
             rt.rendezvous.committed_step = self.step
+        if rt.rank == 0 and self._progress.due():
+            epoch = self.sampler.epoch if self.sampler is not None else int(getattr(self, "epoch", 0))
+            value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
+            self._progress.report(self.step, epoch, rt.world_size, self._samples_total, value)
         if self._checkpointer is not None and rt.rank == 0 and self._checkpointer.due(self.step):
             self._checkpointer.save(self.state_dict(), rt.world_size)
         pending = self._agreed_pending
