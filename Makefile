@@ -44,7 +44,7 @@ slurm-deps:
 	  echo "no slurm-wlm/munge: slurm tests skip"
 
 test: lint portal-deps slurm-deps
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 bench: install
 	$(PY) bench/vs_torchrun.py --json artifacts/bench.json

@@ -48,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (slow the demo)")
+    p.add_argument("--slow-while", type=Path, help="sleep --step-sleep per step only while this file exists")
     p.add_argument("--result", type=Path, help="rank 0 writes accuracy and final parameters here (JSON)")
     p.add_argument("--params-out", type=Path, help="rank 0 saves the final parameters here (torch.save)")
     return p.parse_args()
@@ -90,7 +91,7 @@ def main() -> None:
                         f"loss {loss.item():.4f}",
                         flush=True,
                     )
-                if args.step_sleep:
+                if args.step_sleep and (args.slow_while is None or args.slow_while.exists()):
                     time.sleep(args.step_sleep)
             state.epoch += 1
 

@@ -23,8 +23,9 @@ TRAINING = ("--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05")
 TOLERANCE = 1e-5
 
 
-def example_command(params_out: Path, sleep: float = 0.01) -> list[str]:
-    """The example job every scenario runs."""
+def example_command(params_out: Path, sleep: float = 0.03, slow_while: Path | None = None) -> list[str]:
+    """The example job every scenario runs (slowed by `sleep` per step while `slow_while` exists)."""
+    slow = ["--slow-while", str(slow_while)] if slow_while is not None else []
     return [
         "python",
         str(EXAMPLE),
@@ -32,6 +33,7 @@ def example_command(params_out: Path, sleep: float = 0.01) -> list[str]:
         str(EPOCHS),
         "--step-sleep",
         str(sleep),
+        *slow,
         *TRAINING,
         "--params-out",
         str(params_out),
@@ -111,8 +113,11 @@ class ChaosRunner:
         port = _free_port()
         args += ["--coordinator-port", str(port)]
         env = {"ELASTRAIN_JOB_TOKEN": f"chaos-{scenario.name}-{port}"}
+        slow = work / "slow"
+        slow.touch()  # slow steps while the faults are injected, full speed after
+        command = example_command(params, slow_while=slow)
         self.say(f"{scenario.name}: starting")
-        job = ElasticJob(work, hosts(scenario.hosts), args, example_command(params), env=env)
+        job = ElasticJob(work, hosts(scenario.hosts), args, command, env=env)
         jobs = [job]
         fault_at = 0.0
         try:
@@ -130,11 +135,12 @@ class ChaosRunner:
                     work,
                     hosts(scenario.hosts),
                     [*args, *scenario.restart_args],
-                    example_command(params),
+                    command,
                     fresh_log=False,
                     env=env,
                 )
                 jobs.append(job)
+            slow.unlink(missing_ok=True)
             code = job.wait(timeout=600)
             return self._judge(scenario, job, code, fault_at, reference, params)
         finally:

@@ -20,6 +20,7 @@ from elastrain.runtime.checkpoint import (
     load_checkpoint,
 )
 from elastrain.runtime.data import BatchPolicy, ElasticSampler
+from elastrain.runtime.gradsync import GradientSync
 from elastrain.runtime.progress import ProgressReporter
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class State:
         self._checkpointer: Checkpointer | None = None
         self._resumed = False
         self._progress = ProgressReporter()
+        self._grads = GradientSync()
         self._samples_total = 0
         if sampler is not None:
             sampler.bind(self._rank_and_world)
@@ -104,49 +106,11 @@ class State:
         if current is not None and rt.generation is not None:
             rt.ledger.processed(rt.generation.number, current.epoch, self.step, current.indices)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        scale = float(local_n) if loss_reduction == "mean" else 1.0
-        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-        for p in params:
-            by_dtype.setdefault(p.dtype, []).append(p)
-        total = float(local_n)
-        first = True
-        for dtype, group in by_dtype.items():
-            pieces = [
-                (
-                    p.grad.detach().reshape(-1)
-                    if p.grad is not None
-                    else torch.zeros(p.numel(), dtype=dtype, device=p.device)
-                )
-                for p in group
-            ]
-            flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0].clone()
-            if scale != 1.0 and local_n > 0:
-                flat.mul_(scale)
-            elif local_n == 0:
-                flat.zero_()
-            if first:
-                extra = torch.tensor(
-                    [float(local_n), 1.0 if rt.pending() else 0.0], dtype=dtype, device=flat.device
-                )
-                flat = torch.cat([flat, extra])
-            if rt.world_size > 1 or rt.rendezvous is not None:
-                dist.all_reduce(flat)
-            if first:
-                total = float(flat[-2].item())
-                self._agreed_pending = bool(flat[-1].item() > 0)
-                flat = flat[:-2]
-                first = False
-            flat.div_(max(total, 1.0))
-            offset = 0
-            for p in group:
-                n = p.numel()
-                view = flat[offset : offset + n].view_as(p)
-                if p.grad is None:
-                    p.grad = view.clone()
-                else:
-                    p.grad.copy_(view)
-                offset += n
-        return round(total)
+        collective = rt.world_size > 1 or rt.rendezvous is not None
+        total, self._agreed_pending = self._grads.allreduce(
+            params, local_n, loss_reduction, rt.pending(), collective
+        )
+        return total
 
     def commit(self, loss: float | torch.Tensor | None = None) -> None:
         """Mark the current step done. Every rank stops here together when a resize is pending.

@@ -18,7 +18,10 @@ EPOCHS = 3
 TRAINING = ["--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05"]
 
 
-def example(params_out: Path, *extra: str, epochs: int = EPOCHS, sleep: float = 0.01) -> list[str]:
+def example(params_out: Path, *extra: str, epochs: int = EPOCHS, sleep: float = 0.03) -> list[str]:
+    """The example job; it sleeps `sleep` per step only while the `slow` file exists (the test's faults)."""
+    slow = params_out.parent / "slow"
+    slow.touch()
     return [
         "python",
         str(EXAMPLE),
@@ -26,11 +29,18 @@ def example(params_out: Path, *extra: str, epochs: int = EPOCHS, sleep: float = 
         str(epochs),
         "--step-sleep",
         str(sleep),
+        "--slow-while",
+        str(slow),
         *TRAINING,
         "--params-out",
         str(params_out),
         *extra,
     ]
+
+
+def full_speed(tmp_path: Path) -> None:
+    """The faults are done: let the job run at full speed to the end."""
+    (tmp_path / "slow").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +78,7 @@ def test_scale_out_2_to_4_then_in_to_2_keeps_pids_and_data(
     grown = job.wait_world(4, 20)
     job.set_hosts(hosts(2))
     shrunk = job.wait_world(2, 5)
+    full_speed(tmp_path)
     assert job.wait() == 0, job.output()
 
     original = member_pids(first)
@@ -93,6 +104,7 @@ def test_kill_9_worker_survivors_continue_losing_at_most_one_step(
     victim = gen["members"][-1]
     os.kill(victim["pid"], signal.SIGKILL)
     after = job.wait_world(2, 5)
+    full_speed(tmp_path)
     assert job.wait() == 0, job.output()
 
     survivors = {w: p for w, p in member_pids(gen).items() if w != victim["worker_id"]}
@@ -112,6 +124,7 @@ def test_sigterm_worker_leaves_gracefully(elastic_job, tmp_path, reference_param
     leaver = gen["members"][0]
     os.kill(leaver["pid"], signal.SIGTERM)
     job.wait_world(2, 5)
+    full_speed(tmp_path)
     assert job.wait() == 0, job.output()
     report = job.report()
     assert report["generations"][-1]["cause"] == "scale_in"
@@ -136,6 +149,7 @@ def test_fixed_batch_trajectory_2_4_3_2_matches_constant_world(
     job.wait_world(3, 10)
     job.set_hosts(hosts(2))
     job.wait_world(2, 1)
+    full_speed(tmp_path)
     assert job.wait() == 0, job.output()
     report = job.report()
     assert [g["world_size"] for g in report["generations"]] == [2, 4, 3, 2]
