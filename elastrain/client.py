@@ -61,6 +61,10 @@ class ClusterInfo:
     shm: str = ""
     image: str = ""
     mounts: list[str] = field(default_factory=list)
+    min_containers: int = 0
+    max_containers: int = 0
+    priority: int = 0
+    size_reason: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -83,6 +87,10 @@ class ClusterInfo:
             shm=data.get("shm", ""),
             image=data.get("image", ""),
             mounts=data.get("mounts", []),
+            min_containers=data.get("min_containers", 0),
+            max_containers=data.get("max_containers", 0),
+            priority=data.get("priority", 0),
+            size_reason=data.get("size_reason", ""),
             raw=data,
         )
 
@@ -107,6 +115,10 @@ class ClusterInfo:
                 for c in self.containers
             ],
             "desired_containers": self.desired_containers,
+            "min_containers": self.min_containers,
+            "max_containers": self.max_containers,
+            "priority": self.priority,
+            "size_reason": self.size_reason,
             "hostfile_generation": self.hostfile_generation,
         }
 
@@ -174,9 +186,13 @@ class Client:
         image: str = "local",
         mounts: list[str] | None = None,
         restart_policy: str = "Always",
+        min_containers: int | None = None,
+        max_containers: int | None = None,
+        priority: int = 0,
     ) -> ClusterInfo:
-        """Create a cluster (its containers start asynchronously)."""
-        body = {
+        """Create a cluster (its containers start asynchronously); ``min_containers``/``max_containers``
+        make it elastic (a server started with ``--scheduler elastic`` resizes it within them)."""
+        body: dict[str, Any] = {
             "name": name,
             "framework": framework,
             "containers": containers,
@@ -185,6 +201,9 @@ class Client:
             "image": image,
             "mounts": mounts or [],
             "restart_policy": restart_policy,
+            "min_containers": min_containers,
+            "max_containers": max_containers,
+            "priority": priority,
         }
         return ClusterInfo.from_json(self._request("POST", "/clusters", json=body).json())
 

@@ -50,6 +50,7 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
     from elastrain.server.main import add_server_parser
 
     add_server_parser(sub)
+    _add_scheduler_flag(sub.choices["server"])
     conn = _connection_flags()
     cluster = sub.add_parser("cluster", help="create, inspect, scale, exec into and delete training clusters")
     csub = cluster.add_subparsers(dest="action", required=True, parser_class=type(cluster))
@@ -62,6 +63,17 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mount", action="append", default=[], metavar="SRC:DST", help="mount a host path")
     p.add_argument("--image", default="local", help="container image (the local backend ignores it)")
     p.add_argument("--restart-policy", default="Always", choices=["Always", "Never"])
+    p.add_argument(
+        "--min-containers",
+        type=int,
+        help="elastic: fewest containers incl. the launcher (default: --containers)",
+    )
+    p.add_argument(
+        "--max-containers",
+        type=int,
+        help="elastic: most containers incl. the launcher (default: --containers)",
+    )
+    p.add_argument("--priority", type=int, default=0, help="higher is scheduled first and shrunk last")
     p.add_argument("--wait", action="store_true", help="wait until every container is Running")
     p = csub.add_parser("get", parents=[conn], help="show a cluster and its containers")
     p.add_argument("name")
@@ -95,6 +107,19 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
     add_job_parser(sub, conn)
 
 
+def _add_scheduler_flag(server: argparse.ArgumentParser) -> None:
+    """``elastrain server --scheduler`` (kept here, next to the other control-plane commands)."""
+    from elastrain.server.scheduling import SchedulerMode
+
+    server.add_argument(
+        "--scheduler",
+        choices=[m.value for m in SchedulerMode],
+        default=SchedulerMode.static.value,
+        help="static: clusters keep their requested size (default); elastic: grow clusters into idle "
+        "GPUs within --min/--max-containers and shrink them to admit waiting ones",
+    )
+
+
 def control_plane_handlers() -> dict[str, Callable[[argparse.Namespace], int]]:
     """Command name -> handler, for `elastrain.cli.main`."""
     return dict.fromkeys(CONTROL_PLANE_COMMANDS, run_control_plane)
@@ -104,7 +129,10 @@ def run_control_plane(args: argparse.Namespace) -> int:
     """Dispatch one control-plane command."""
     if args.cmd == "server":
         from elastrain.server.main import run_server
+        from elastrain.server.scheduling import set_default_mode
 
+        set_default_mode(args.scheduler)
+        print(f"elastrain server: scheduler {args.scheduler}", flush=True)
         return run_server(args)
     if args.cmd == "job":
         from elastrain.cli.job import run_job_command
@@ -154,6 +182,9 @@ def _create(client: Client, args: argparse.Namespace) -> int:
         image=args.image,
         mounts=[resolve_mount(m) for m in args.mount],
         restart_policy=args.restart_policy,
+        min_containers=args.min_containers,
+        max_containers=args.max_containers,
+        priority=args.priority,
     )
     if args.wait:
         cluster = client.wait_cluster(args.name, _all_running, timeout=120)
@@ -186,6 +217,12 @@ def _get(client: Client, args: argparse.Namespace) -> int:
         f"{len(cluster.running())}/{cluster.desired_containers} containers running, "
         f"hostfile generation {cluster.hostfile_generation}"
     )
+    if cluster.min_containers != cluster.max_containers or cluster.size_reason:
+        print(
+            f"size: {cluster.desired_containers} containers (elastic {cluster.min_containers}.."
+            f"{cluster.max_containers}, priority {cluster.priority})"
+            f"{': ' + cluster.size_reason if cluster.size_reason else ''}"
+        )
     rows = [["NAME", "ROLE", "ADDRESS", "GPUS", "STATE", "STARTED"]]
     for c in cluster.containers:
         gpus = f"{c.gpus} ({','.join(map(str, c.gpu_ids))})" if c.gpu_ids else str(c.gpus)

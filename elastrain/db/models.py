@@ -130,6 +130,12 @@ class Cluster(Base):
     )
     reason: Mapped[str] = mapped_column(Text, default="")
     next_index: Mapped[int] = mapped_column(Integer, default=0)
+    # migration 0003: elastic bounds (None: fixed at desired_containers), priority, scheduler state
+    min_containers: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_containers: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    admitted: Mapped[bool] = mapped_column(Boolean, default=True)  # False: the scheduler holds it queued
+    size_reason: Mapped[str] = mapped_column(Text, default="")  # why it has its current size
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     containers: Mapped[list[Container]] = relationship(
         back_populates="cluster", cascade="all, delete-orphan", order_by="Container.id"

@@ -27,6 +27,12 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help="database URL (default: sqlite:///DATA/elastrain.db; postgresql://... works)")
     p.add_argument("--gpus", type=int, help="declare N virtual GPUs (default: detected GPUs, else 8 virtual)")
     p.add_argument(
+        "--backend",
+        choices=("local", "slurm"),
+        default="local",
+        help="where containers run: local processes, or Slurm jobs (SLURM_CONF; default --gpus: its GPUs)",
+    )
+    p.add_argument(
         "--allow-mount",
         action="append",
         type=Path,
@@ -80,6 +86,7 @@ def run_server(args: argparse.Namespace) -> int:
     """Run until interrupted; containers keep running when the server stops (a restart adopts them)."""
     import uvicorn
 
+    from elastrain.backends.api import Backend
     from elastrain.backends.local import LocalBackend
     from elastrain.db.session import Database
     from elastrain.server.app import create_app
@@ -108,8 +115,20 @@ def run_server(args: argparse.Namespace) -> int:
         first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"cannot open or migrate the database: {first}") from None
     token = bootstrap_admin(db, data_dir)
-    inventory = Inventory.create(args.gpus, str(data_dir))
-    backend = LocalBackend(data_dir)
+    backend: Backend
+    if args.backend == "slurm":
+        from elastrain.backends.slurm import SlurmBackend
+        from elastrain.backends.slurmctl import SlurmError
+
+        backend = SlurmBackend(data_dir)
+        try:  # virtual GPU ids for the policy; Slurm picks the real ones (--gres)
+            gpus = args.gpus if args.gpus is not None else backend.slurm.total_gpus()
+        except SlurmError as exc:
+            raise ConfigError(f"--backend slurm: cannot reach Slurm (SLURM_CONF?): {exc}") from None
+        inventory = Inventory.create(gpus, str(data_dir))
+    else:
+        backend = LocalBackend(data_dir)
+        inventory = Inventory.create(args.gpus, str(data_dir))
     reconciler = Reconciler(
         db, backend, inventory, interval_s=args.reconcile_interval, drain_s=args.drain_seconds
     )
@@ -121,7 +140,10 @@ def run_server(args: argparse.Namespace) -> int:
     app = create_app(services, jobs)
     kind = "real" if inventory.real else "virtual"
     print(f"elastrain server: {url} (API {url}/api/v1, docs {url}/docs)", flush=True)
-    print(f"elastrain server: data in {data_dir}; {inventory.gpus} {kind} GPUs", flush=True)
+    print(
+        f"elastrain server: data in {data_dir}; {inventory.gpus} {kind} GPUs; {args.backend} backend",
+        flush=True,
+    )
     if token:
         print(f"elastrain server: admin token {token} (also in {data_dir / 'admin-token'})", flush=True)
     print(

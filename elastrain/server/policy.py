@@ -46,6 +46,8 @@ class ClusterView:
     hostfile_text: str
     reason: str
     containers: tuple[ContainerView, ...] = ()
+    admitted: bool = True  # False: queued by the scheduler, nothing starts
+    size_reason: str = ""  # the scheduler's reason for the size (or for waiting)
 
 
 class Action(str, enum.Enum):
@@ -130,6 +132,13 @@ def _plan_cluster(
 ) -> list[Decision]:
     if cluster.state == ClusterState.Terminating:
         return [Decision(Action.finalize_delete, cluster.name)]
+    if not cluster.admitted and not cluster.containers:
+        reason = cluster.size_reason or "queued by the scheduler"
+        if cluster.state != ClusterState.Pending or cluster.reason != reason:
+            return [
+                Decision(Action.set_cluster_state, cluster.name, state=ClusterState.Pending, reason=reason)
+            ]
+        return []
     out: list[Decision] = []
     live: dict[str, ContainerView] = {}  # rows that stay Pending/Running after this pass
     running: set[str] = set()

@@ -19,6 +19,7 @@ from elastrain.db.session import Database
 from elastrain.hostfile import Hostfile, render_hostfile
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.policy import Action, ClusterView, ContainerView, Decision, hosts_text, plan
+from elastrain.server.scheduling import ClusterScheduler, default_scheduler
 
 log = logging.getLogger("elastrain.reconciler")
 ACTOR = "reconciler"
@@ -56,6 +57,8 @@ def cluster_view(cluster: Cluster) -> ClusterView:
         cluster.hostfile_text,
         cluster.reason,
         containers,
+        admitted=cluster.admitted,
+        size_reason=cluster.size_reason,
     )
 
 
@@ -86,7 +89,10 @@ class Reconciler:
         inventory: Inventory,
         interval_s: float = 0.5,
         drain_s: float = 3.0,
+        scheduler: ClusterScheduler | None = None,
     ) -> None:
+        """``scheduler`` (default: the one ``elastrain server --scheduler`` chose, none for ``static``)
+        sets desired sizes and admissions before each pass."""
         self.db = db
         self.backend = backend
         self.inventory = inventory
@@ -98,6 +104,7 @@ class Reconciler:
         self.passes = 0
         self._busy = False
         self.hooks: list[Callable[[], int]] = []  # run after each pass (e.g. the job monitor)
+        self.scheduler = scheduler if scheduler is not None else default_scheduler()
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -128,6 +135,10 @@ class Reconciler:
 
     def reconcile_once(self) -> int:
         """One pass: returns how many decisions were applied."""
+        if self.scheduler is not None:
+            scheduled = self.scheduler.run(self.db, self.inventory.gpus)
+        else:
+            scheduled = self._admit_queued() if self.passes == 0 else 0
         actual = self.backend.list_containers()
         with self.db.session() as session:
             views = [cluster_view(c) for c in all_clusters(session)]
@@ -141,7 +152,16 @@ class Reconciler:
         for hook in self.hooks:
             hook()
         self.passes += 1
-        return len(decisions)
+        return len(decisions) + scheduled
+
+    def _admit_queued(self) -> int:
+        """Without a scheduler every cluster runs at its desired size: admit the ones a scheduler of an
+        earlier server process left queued."""
+        with self.db.session() as session:
+            result = session.execute(
+                update(Cluster).where(Cluster.admitted.is_(False)).values(admitted=True, size_reason="")
+            )
+            return int(getattr(result, "rowcount", 0) or 0)
 
     def _sync_hostfiles(self) -> None:
         """Rewrite a cluster's hostfile file when it differs from the DB (e.g. after a crash)."""

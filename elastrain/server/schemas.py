@@ -42,6 +42,15 @@ class ClusterCreate(BaseModel):
     image: str = Field(default="local", max_length=255)
     mounts: list[str] = Field(default_factory=list, description="SOURCE:TARGET, SOURCE absolute")
     restart_policy: str = Field(default="Always", max_length=32)
+    min_containers: int | None = Field(
+        default=None, description="elastic lower bound incl. the launcher (default: containers)"
+    )
+    max_containers: int | None = Field(
+        default=None, description="elastic upper bound incl. the launcher (default: containers)"
+    )
+    priority: int = Field(
+        default=0, ge=-1_000_000, le=1_000_000, description="higher is scheduled first and shrunk last"
+    )
 
 
 class ClusterScale(BaseModel):
@@ -82,6 +91,10 @@ class ClusterOut(BaseModel):
     restart_policy: str
     hostfile_generation: int
     launch_hint: str = Field(description="how to start training from the launcher container")
+    min_containers: int = Field(default=0, description="elastic lower bound (launcher included)")
+    max_containers: int = Field(default=0, description="elastic upper bound (launcher included)")
+    priority: int = 0
+    size_reason: str = Field(default="", description="why the cluster has its current size")
     created_at: datetime
     containers: list[ContainerOut]
 

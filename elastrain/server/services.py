@@ -44,6 +44,7 @@ from elastrain.server.errors import Conflict, Forbidden, InvalidRequest, NotFoun
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.reconciler import Reconciler, aware, container_spec
 from elastrain.server.validation import (
+    check_bounds,
     check_containers,
     check_framework,
     check_gpus,
@@ -81,6 +82,10 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         restart_policy=cluster.restart_policy.value,
         hostfile_generation=cluster.hostfile_generation,
         launch_hint=LAUNCH_HINTS[cluster.framework],
+        min_containers=cluster.min_containers or cluster.desired_containers,
+        max_containers=cluster.max_containers or cluster.desired_containers,
+        priority=cluster.priority or 0,
+        size_reason=cluster.size_reason or "",
         created_at=aware(cluster.created_at) or cluster.created_at,
         containers=[
             schemas.ContainerOut(
@@ -178,6 +183,8 @@ class Services:
         check_name(req.name)
         framework = check_framework(req.framework)
         check_containers(req.containers)
+        low, high = check_bounds(req.containers, req.min_containers, req.max_containers)
+        elastic = req.min_containers is not None or req.max_containers is not None
         check_gpus(req.gpus_per_container)
         shm = parse_size(req.shm)
         try:
@@ -186,7 +193,9 @@ class Services:
             raise InvalidRequest(
                 f"restart_policy must be one of: {', '.join(p.value for p in RestartPolicy)}"
             ) from None
-        self._check_gpu_total(req.containers, req.gpus_per_container)
+        self._check_gpu_total(low, req.gpus_per_container)
+        if self.reconciler.scheduler is None:  # static: the requested size must fit on its own
+            self._check_gpu_total(req.containers, req.gpus_per_container)
         mounts = [parse_mount(m, self.allowed_mount_roots) for m in req.mounts]
         if len({m.target for m in mounts}) != len(mounts):
             raise InvalidRequest("two mounts share a target path; give each mount its own target")
@@ -206,6 +215,12 @@ class Services:
                 restart_policy=policy,
                 state=ClusterState.Pending,
                 reason="starting containers",
+                min_containers=low if elastic else None,
+                max_containers=high if elastic else None,
+                priority=req.priority,
+                # with a scheduler, a cluster with GPUs waits for its admission
+                admitted=self.reconciler.scheduler is None or req.gpus_per_container == 0,
+                size_reason="" if self.reconciler.scheduler is None else "queued for the scheduler",
             )
             session.add(cluster)
             add_event(
@@ -217,6 +232,9 @@ class Services:
                 containers=req.containers,
                 gpus_per_container=req.gpus_per_container,
                 framework=framework.value,
+                min_containers=low,
+                max_containers=high,
+                priority=req.priority,
             )
             session.flush()
             session.refresh(cluster)
@@ -232,8 +250,11 @@ class Services:
             if cluster.state == ClusterState.Terminating:
                 raise Conflict(f"cluster {name!r} is being deleted")
             self._check_gpu_total(containers, cluster.gpus_per_container)
+            if cluster.min_containers is not None and cluster.max_containers is not None:
+                check_bounds(containers, cluster.min_containers, cluster.max_containers)
             before = cluster.desired_containers
             cluster.desired_containers = containers
+            cluster.size_reason = f"scaled by {user.name}"
             add_event(session, user.name, "cluster.scaled", name, user.id, before=before, after=containers)
             out = cluster_out(cluster)
         self._changed()

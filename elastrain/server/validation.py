@@ -52,6 +52,26 @@ def check_containers(count: int, limit: int = MAX_CONTAINERS) -> int:
     return count
 
 
+def check_bounds(
+    containers: int, low: int | None, high: int | None, limit: int = MAX_CONTAINERS
+) -> tuple[int, int]:
+    """Elastic bounds ``(min, max)``, ``2 <= min <= containers <= max`` (a missing bound: ``containers``)."""
+    low = containers if low is None else low
+    high = containers if high is None else high
+    if low < 2:
+        raise InvalidRequest(
+            f"min_containers must be at least 2 (got {low}): the count includes the launcher, "
+            "so 2 means one launcher and one worker"
+        )
+    if high > limit:
+        raise InvalidRequest(f"max_containers must be at most {limit} (got {high})")
+    if not low <= containers <= high:
+        raise InvalidRequest(
+            f"need min_containers <= containers <= max_containers (got {low} <= {containers} <= {high})"
+        )
+    return low, high
+
+
 def check_gpus(count: int) -> int:
     """GPUs per container: zero or more."""
     if count < 0:

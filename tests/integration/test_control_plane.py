@@ -153,8 +153,11 @@ def _pg_bindir() -> Path:
 class ControlPlane:
     """One `elastrain server` process with its own data dir (and database)."""
 
-    def __init__(self, root: Path, db_url: str | None = None, gpus: int = 8) -> None:
+    def __init__(
+        self, root: Path, db_url: str | None = None, gpus: int = 8, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.root = root
+        self.extra_args = extra_args
         self.data = root / "data"
         self.mounts = root / "mounts"
         self.mounts.mkdir(parents=True, exist_ok=True)
@@ -187,6 +190,7 @@ class ControlPlane:
         ]
         if self.db_url:
             argv += ["--db", self.db_url]
+        argv += self.extra_args
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - closed when the process ends
         t0 = time.monotonic()
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

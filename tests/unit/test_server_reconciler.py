@@ -7,13 +7,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus
-from elastrain.db.models import Cluster, ClusterState, ContainerState, Framework
-from elastrain.db.repository import all_clusters, create_user
+from elastrain.db.models import Cluster, ClusterState, ContainerState, Framework, User
+from elastrain.db.repository import all_clusters, create_user, events_for
 from elastrain.db.session import Database
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import Reconciler
+from elastrain.server.scheduling import ClusterScheduler
 
 
 class FakeBackend(Backend):
@@ -123,3 +125,42 @@ def test_delete_requested_during_a_pass_is_not_overwritten(
     assert clusters(db)[0].state == ClusterState.Terminating
     settle(r)
     assert clusters(db) == [] and backend.live == {}
+
+
+def _elastic(db: Database, name: str, desired: int, low: int, high: int) -> None:
+    with db.session() as session:
+        owner = session.scalars(select(User)).first()
+        assert owner is not None
+        cluster = Cluster(name=name, uid=f"u-{name}", owner_id=owner.id, framework=Framework.horovod)
+        cluster.desired_containers, cluster.gpus_per_container = desired, 1
+        cluster.min_containers, cluster.max_containers, cluster.admitted = low, high, False
+        session.add(cluster)
+
+
+def test_elastic_scheduler_grows_then_shrinks_for_a_newcomer(db: Database) -> None:
+    with db.session() as session:
+        session.delete(all_clusters(session)[0])
+    _elastic(db, "a", 2, 2, 4)
+    backend = FakeBackend()
+    r = Reconciler(db, backend, Inventory(4, False), drain_s=0, scheduler=ClusterScheduler("elastic"))
+    settle(r)
+    (a,) = clusters(db)
+    assert (a.desired_containers, a.admitted, len(a.containers)) == (4, True, 4)
+    assert "grown into 2 idle GPUs" in a.size_reason
+    _elastic(db, "b", 2, 2, 2)
+    settle(r)
+    a, b = clusters(db)
+    assert (a.desired_containers, a.size_reason, len(a.containers)) == (2, "shrunk for cluster b", 2)
+    assert b.state == ClusterState.Running and len(b.containers) == 2
+    used = [g for c in (a, b) for k in c.containers for g in k.gpu_ids.split(",")]
+    assert sorted(used) == ["0", "1", "2", "3"]  # no GPU double-booked
+    with db.session() as session:
+        actions = [e.action for e in events_for(session, "a") if e.actor == "scheduler"]
+    assert actions == ["cluster.admitted", "cluster.rescheduled"]
+
+
+def test_without_a_scheduler_queued_clusters_are_admitted(db: Database) -> None:
+    _elastic(db, "q", 2, 2, 4)
+    settle(Reconciler(db, FakeBackend(), Inventory(8, False)))
+    _c, q = clusters(db)
+    assert q.admitted and q.desired_containers == 2 and q.state == ClusterState.Running

@@ -38,6 +38,10 @@ document.addEventListener("DOMContentLoaded", () => {
       ["Owner", c.owner], ["Run training", c.launch_hint],
     ];
     if (c.reason) items.splice(2, 0, ["Reason", c.reason]);
+    if (c.min_containers !== c.max_containers || c.size_reason) {
+      const bounds = `${c.min_containers}..${c.max_containers} containers, priority ${c.priority}`;
+      items.splice(2, 0, ["Size", c.size_reason ? `${c.size_reason} (${bounds})` : bounds]);
+    }
     $("cluster-summary").replaceChildren(...items.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   }
 
@@ -60,6 +64,8 @@ document.addEventListener("DOMContentLoaded", () => {
       case "cluster.scaled": return `scaled ${d.before} → ${d.after} containers`;
       case "cluster.exec": return `exec ${(d.command || []).join(" ")}`;
       case "cluster.running": return "all containers Running";
+      case "cluster.admitted": return `scheduler started it at ${d.after} containers: ${d.reason}`;
+      case "cluster.rescheduled": return `scheduler resized ${d.before} → ${d.after} containers: ${d.reason}`;
       case "container.created": return `container ${d.container} created at ${d.address}`;
       case "container.running": return `container ${d.container} Running${d.adopted ? " (adopted)" : ""}`;
       case "container.failed": return `container ${d.container} failed${d.reason ? ": " + d.reason : ""}`;
