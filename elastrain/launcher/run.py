@@ -232,3 +232,6 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        # agents we did not start (adopted after --rejoin, remote hosts) disconnect when their workers end
+        while self.coordinator.agents and time.monotonic() < deadline:
+            time.sleep(0.05)

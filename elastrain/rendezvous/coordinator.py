@@ -194,6 +194,13 @@ class Coordinator:
                 worker.committed_step = int(rejoin.get("committed_step", -1))
                 if msg.get("run_id"):
                     self.config.run_id = str(msg["run_id"])
+            elif rejoin and worker.state in _MEMBER and worker.peer is not peer:
+                # the same coordinator, a dropped connection coming back before its close was seen:
+                # fenced like any member that lost contact; it rejoins as a newcomer
+                self._mark_dead(worker, Cause.WORKER_FAILURE)
+                worker.state = WorkerState.STARTING
+                worker.committed_step = -1
+                self.slots.reclaim(worker.host)
             elif rejoin and worker.state == WorkerState.DEAD:
                 worker.state = WorkerState.STARTING  # back after being dropped: a newcomer (fenced)
                 worker.committed_step = -1
@@ -404,7 +411,7 @@ class Coordinator:
         return False
 
     def _start_missing_agents(self) -> None:
-        if self.config.adopt and time.monotonic() - self._started_at < self.config.adopt_grace_s:
+        if self._adopting():
             self._agents_started.update(self.agents)  # give the old agents time to reconnect
             return
         self._agents_started.update(self.agents)
@@ -420,9 +427,19 @@ class Coordinator:
     def _live(self) -> list[WorkerRecord]:
         return [w for w in self.workers.values() if w.state in _LIVE and w.state != WorkerState.LEAVING]
 
+    def _adopting(self) -> bool:
+        """A restarted coordinator still waiting for the running workers to reconnect."""
+        return (
+            self.config.adopt
+            and self.generation is None
+            and time.monotonic() - self._started_at < self.config.adopt_grace_s
+        )
+
     def _spawn_into_free_slots(self) -> None:
         if any(w.state == WorkerState.DONE for w in self.workers.values()):
             return  # the job is finishing
+        if self._adopting():
+            return  # the slots may be held by workers that have not reconnected yet
         live = self._live()
         target = self.config.max_np if self.generation is not None else self.config.initial_np
         budget = target - len(live)

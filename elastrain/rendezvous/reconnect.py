@@ -39,37 +39,50 @@ class ReconnectingClient:
         self._connected = threading.Event()
         self.lost_since: float | None = None
         self.gave_up = False
+        self._lock = threading.Lock()
+        self._current = 0  # which connection attempt is the live one; stale disconnects are ignored
+        self._attempts = 0
         self._client = self._connect()
         self._connected.set()
 
     def _connect(self) -> RpcClient:
-        return RpcClient(
+        with self._lock:
+            self._attempts += 1
+            attempt = self._attempts
+        client = RpcClient(
             self.address,
             self._token,
             self._hello_fn(),
             on_push=self._on_push,
-            on_disconnect=self._lost,
+            on_disconnect=lambda: self._lost(attempt),
             connect_timeout=5.0,
         )
+        with self._lock:
+            self._current = attempt
+        return client
 
-    def _lost(self) -> None:
-        if self._closing or self.gave_up:
-            return
-        self._connected.clear()
-        self.lost_since = time.monotonic()
+    def _lost(self, attempt: int) -> None:
+        with self._lock:
+            if self._closing or self.gave_up or attempt != self._current or self.lost_since is not None:
+                return  # a refused attempt, an old connection, or a reconnection already under way
+            self._connected.clear()
+            self.lost_since = time.monotonic()
         threading.Thread(target=self._reconnect, name="elastrain-reconnect", daemon=True).start()
 
     def _reconnect(self) -> None:
-        assert self.lost_since is not None
-        deadline = self.lost_since + self.bound_s
+        deadline = (self.lost_since or time.monotonic()) + self.bound_s
         while not self._closing and time.monotonic() < deadline:
             try:
-                self._client = self._connect()
+                client = self._connect()
             except CoordinatorLost:
                 time.sleep(0.5)
                 continue
-            self.lost_since = None
+            with self._lock:
+                self._client = client
+                self.lost_since = None
             self._connected.set()
+            if not client.connected:  # it dropped again before we recorded it
+                self._lost(self._current)
             return
         if not self._closing:
             self.gave_up = True
