@@ -82,12 +82,8 @@ class LocalBackend(Backend):
         return env
 
     # --- lifecycle ---------------------------------------------------------------------------------
-    def create_container(self, spec: ContainerSpec) -> ContainerStatus:
-        """Lay out the root, then start the init process (idempotent)."""
-        root = self.container_root(spec.cluster, spec.name)
-        current = self._status(root)
-        if current is not None and current.alive:
-            return current
+    def _layout(self, spec: ContainerSpec, root: Path) -> None:
+        """The container's root: etc/mpi/hostfile (a link to the cluster's file), mounts, environment."""
         (root / "etc" / "mpi").mkdir(parents=True, exist_ok=True)
         (root / "var" / "log").mkdir(parents=True, exist_ok=True)
         (root / "ready").unlink(missing_ok=True)
@@ -102,6 +98,15 @@ class LocalBackend(Backend):
             self._mount(root, mount)
         env = self.environment(spec)
         atomic_write_text(root / "etc" / "environment", "".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+
+    def create_container(self, spec: ContainerSpec) -> ContainerStatus:
+        """Lay out the root, then start the init process (idempotent)."""
+        root = self.container_root(spec.cluster, spec.name)
+        current = self._status(root)
+        if current is not None and current.alive:
+            return current
+        self._layout(spec, root)
+        env = self.environment(spec)
         meta = {**asdict(spec), "pid": None, "started_at": time.time()}
         log = open(root / "var" / "log" / "container.log", "ab")  # noqa: SIM115 - handed to the child
         try:

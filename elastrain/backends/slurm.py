@@ -104,23 +104,6 @@ class SlurmBackend(LocalBackend):
         atomic_write_text(root / "container.json", json.dumps(meta, indent=1))
         return ContainerStatus(spec.cluster, spec.name, None, True, False, spec.address)
 
-    def _layout(self, spec: ContainerSpec, root: Path) -> None:
-        """The local backend's directory layout (hostfile link, mounts, environment file)."""
-        (root / "etc" / "mpi").mkdir(parents=True, exist_ok=True)
-        (root / "var" / "log").mkdir(parents=True, exist_ok=True)
-        (root / "ready").unlink(missing_ok=True)
-        cluster_hostfile = self.cluster_dir(spec.cluster) / "hostfile"
-        if not cluster_hostfile.exists():
-            atomic_write_text(cluster_hostfile, "# generation: 0\n")
-        link = root / "etc" / "mpi" / "hostfile"
-        if not link.is_symlink():
-            link.unlink(missing_ok=True)
-            link.symlink_to(Path("..") / ".." / ".." / "hostfile")
-        for mount in spec.mounts:
-            self._mount(root, mount)
-        env = self.environment(spec)
-        atomic_write_text(root / "etc" / "environment", "".join(f"{k}={v}\n" for k, v in sorted(env.items())))
-
     def _sbatch_args(self, spec: ContainerSpec, root: Path) -> list[str]:
         """sbatch options of a container: one task on one node with its GPUs, CPUs and memory."""
         args = [
