@@ -127,14 +127,23 @@ def test_elastic_job_follows_the_scheduler_without_losing_a_sample(elastic_cp: C
             return check
 
         wait_for(world(3), 90, "the job to train with 3 workers")
-        c.create_cluster("b", containers=2, gpus_per_container=1)
+        c.create_cluster("b", containers=2, gpus_per_container=1, mounts=mounts)
         wait_for(world(1), 90, "the job to shrink to 1 worker for cluster b")
         c.wait_cluster("b", at_size(c, "b", 2), timeout=60)
-        done = wait_for(
-            lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 150, "the job to finish"
+        # the second cluster trains too, on the GPUs the first one gave up
+        train_b = "python /examples/mnist_elastic.py --epochs 1 --batch-size 256"
+        job_b = c.submit_job(
+            "b", f"elastrain run -np 1 --hostfile /etc/mpi/hostfile --ledger /ledger/b {train_b}".split()
         )
-        log = c.job_logs(job["id"])[0]
-        assert done["status"] == "Succeeded", log[-3000:]
+        for finished in (job, job_b):
+            done = wait_for(
+                lambda f=finished: (j := c.get_job(f["id"]))["status"] not in ("Pending", "Running") and j,
+                150,
+                "both jobs to finish",
+            )
+            assert done["status"] == "Succeeded", c.job_logs(finished["id"])[0][-3000:]
+    report_b = build_report(ledger / "b", SAMPLES)
+    assert [(e["samples"], e["duplicates"], e["missing"]) for e in report_b["epochs"]] == [(SAMPLES, 0, 0)]
     report = build_report(ledger / "run", SAMPLES)
     assert [e["epoch"] for e in report["epochs"]] == [0, 1]
     for epoch in report["epochs"]:
