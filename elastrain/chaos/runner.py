@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from elastrain.backends.procs import pid_alive
 from elastrain.chaos.job import EXAMPLE, ElasticJob, hosts
 from elastrain.chaos.scenarios import Fault, FaultKind, Scenario
 
@@ -152,16 +153,7 @@ class ChaosRunner:
     @staticmethod
     def _wait_gone(pids: set[int], timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            alive = []
-            for pid in pids:
-                try:
-                    os.kill(pid, 0)
-                    alive.append(pid)
-                except ProcessLookupError:
-                    pass
-            if not alive:
-                return
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
 
     @staticmethod
