@@ -248,9 +248,13 @@ def _scale(
 
 
 def hostfile_hosts(rows: list[ContainerView]) -> tuple[Host, ...]:
-    """The hostfile lines for the Running workers: one host per container, slots = its GPUs (>= 1)."""
-    workers = sorted((k for k in rows if k.role == ContainerRole.worker), key=lambda k: worker_index(k.name))
-    return tuple(Host(k.address, max(len(k.gpu_ids), 1)) for k in workers)
+    """The hostfile lines for the Running containers: one host per container, slots = its GPUs (>= 1).
+
+    The launcher container is listed first: as in the seed's Horovod clusters it runs a worker too, so a
+    2-container cluster trains with ``-np 2`` and scaling to 4 containers gives 4 workers.
+    """
+    ordered = sorted(rows, key=lambda k: (k.role != ContainerRole.launcher, worker_index(k.name)))
+    return tuple(Host(k.address, max(len(k.gpu_ids), 1)) for k in ordered)
 
 
 def hosts_text(hosts: tuple[Host, ...]) -> str:

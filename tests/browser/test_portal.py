@@ -102,9 +102,9 @@ def test_create_scale_job_terminal_delete(
     page.get_by_role("button", name="Submit job").click()
     page.wait_for_url(re.compile(r"/jobs/\d+$"))
     job_url = page.url
-    page.locator("#job-log").filter(has_text="world 1").wait_for()
+    page.locator("#job-log").filter(has_text="world 2").wait_for()
     page.locator("#chart-world canvas").wait_for()
-    shot(page, "05-job-world-1")
+    shot(page, "05-job-world-2")
 
     # Scale 2 -> 4 from the list: check the row, "Scale containers", change the count, confirm.
     page.goto(f"{server.url}/clusters")
@@ -122,19 +122,19 @@ def test_create_scale_job_terminal_delete(
     page.get_by_role("link", name="tthvd").click()
     wait_for(lambda: _containers(page, "Running").count() == 4, 30, "4 Running containers")
     hostfile = page.locator("#hostfile")
-    wait_for(lambda: hostfile.inner_text().count("slots=1") == 3, 20, "3 workers in the hostfile")
+    wait_for(lambda: hostfile.inner_text().count("slots=1") == 4, 20, "4 hosts in the hostfile")
     generation = page.locator("#hostfile-generation").inner_text()
     found = re.search(r"\d+", generation)
     assert found and int(found.group()) >= 2, generation
     assert "scaled 2 → 4 containers" in page.locator("#events-body").inner_text()
     shot(page, "08-cluster-scaled")
 
-    # The job saw the resize: world size 1 -> 3 on the chart, marked as a resize event.
+    # The job saw the resize: world size 2 -> 4 on the chart, marked as a resize event.
     page.goto(job_url)
-    resizes = page.locator("#resize-list li")  # 1 -> 3, or 1 -> 2 -> 3 when the workers come up apart
-    resizes.filter(has_text=re.compile(r"world size \d → 3")).wait_for(timeout=30_000)
-    assert "world size 1 →" in resizes.first.inner_text()
-    page.locator("#job-log").filter(has_text="world 3").wait_for()
+    resizes = page.locator("#resize-list li")  # 2 -> 4, or 2 -> 3 -> 4 when the workers come up apart
+    resizes.filter(has_text=re.compile(r"world size \d → 4")).wait_for(timeout=30_000)
+    assert "world size 2 →" in resizes.first.inner_text()
+    page.locator("#job-log").filter(has_text="world 4").wait_for()
     shot(page, "09-job-resized")
 
     # The launcher terminal: a real shell in the container's root with its environment.
@@ -142,7 +142,7 @@ def test_create_scale_job_terminal_delete(
     page.get_by_text("Connected to the launcher container.").wait_for()
     page.locator(".xterm").click()
     page.keyboard.type("echo role=$ELASTRAIN_CONTAINER_ROLE workers=$(grep -c slots= etc/mpi/hostfile)\n")
-    page.locator(".xterm-rows").filter(has_text="role=launcher workers=3").wait_for()
+    page.locator(".xterm-rows").filter(has_text="role=launcher workers=4").wait_for()
     shot(page, "10-terminal")
 
     # Phone width: the cluster page stacks its tables.

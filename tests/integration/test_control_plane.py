@@ -303,18 +303,18 @@ def hostfile_hosts(text: str) -> list[str]:
 
 
 def settled(c: Client, name: str) -> Callable[[ClusterInfo], bool]:
-    """All containers Running and the hostfile listing exactly the Running workers."""
+    """All containers Running and the hostfile listing exactly the Running containers (launcher too)."""
 
     def check(cluster: ClusterInfo) -> bool:
-        workers = sorted(k.address for k in cluster.running("worker"))
-        return all_running(cluster) and sorted(hostfile_hosts(c.hostfile(name))) == workers
+        hosts = sorted(k.address for k in cluster.containers if k.state == "Running")
+        return all_running(cluster) and sorted(hostfile_hosts(c.hostfile(name))) == hosts
 
     return check
 
 
-def _hostfile_with(c: Client, name: str, workers: int) -> str | None:
+def _hostfile_with(c: Client, name: str, hosts: int) -> str | None:
     text = c.hostfile(name)
-    return text if len(hostfile_hosts(text)) == workers else None
+    return text if len(hostfile_hosts(text)) == hosts else None
 
 
 def test_cluster_lifecycle(cp: ControlPlane) -> None:
@@ -350,9 +350,9 @@ def test_cluster_lifecycle(cp: ControlPlane) -> None:
             assert k["address"].startswith("127.") and k["gpus"] == 1 and k["state"] == "Running"
         pids = {k.pid for k in cluster.containers}
         assert all(p and pid_alive(p) for p in pids)
-        worker = cluster.running("worker")[0]
-        text = c.hostfile("tthvd")
-        assert hostfile_hosts(text) == [worker.address] and text.startswith("# generation: ")
+        launcher, worker = cluster.running("launcher")[0], cluster.running("worker")[0]
+        text = c.hostfile("tthvd")  # the launcher runs a worker too: 2 containers, -np 2
+        assert hostfile_hosts(text) == [launcher.address, worker.address] and text.startswith("# generation: ")
         assert cp.cli("cluster", "hostfile", "tthvd").stdout == text
         assert f"up at {cluster.containers[0].address}" in cp.cli("cluster", "logs", "tthvd").stdout
         for k in cluster.containers:  # every container reads the same file at its etc/mpi/hostfile
@@ -371,11 +371,11 @@ def test_cluster_lifecycle(cp: ControlPlane) -> None:
 
         t0 = time.monotonic()
         assert cp.cli("cluster", "scale", "tthvd", "--containers", "4").returncode == 0
-        text = wait_for(lambda: _hostfile_with(c, "tthvd", 3), 60, "3 workers in the hostfile")
+        text = wait_for(lambda: _hostfile_with(c, "tthvd", 4), 60, "4 hosts in the hostfile")
         record_timing(cp, "scale 2->4 -> hostfile updated", time.monotonic() - t0)
         cluster = c.wait_cluster("tthvd", settled(c, "tthvd"), timeout=60)
         record_timing(cp, "scale 2->4 -> all Running", time.monotonic() - t0)
-        assert sorted(hostfile_hosts(text)) == sorted(k.address for k in cluster.running("worker"))
+        assert sorted(hostfile_hosts(text)) == sorted(k.address for k in cluster.containers)
         assert len({k.address for k in cluster.containers}) == 4
         big_pids = {k.pid for k in cluster.containers}
 
@@ -383,7 +383,7 @@ def test_cluster_lifecycle(cp: ControlPlane) -> None:
         cluster = c.wait_cluster(
             "tthvd", lambda x: len(x.containers) == 2 and settled(c, "tthvd")(x), timeout=60
         )
-        assert len(hostfile_hosts(c.hostfile("tthvd"))) == 1
+        assert len(hostfile_hosts(c.hostfile("tthvd"))) == 2
         wait_for(
             lambda: not any(pid_alive(p) for p in big_pids - {k.pid for k in cluster.containers}),
             60,

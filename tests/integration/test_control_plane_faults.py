@@ -40,7 +40,7 @@ def test_dead_container_is_replaced_and_leaves_the_hostfile(cp: ControlPlane) ->
         cluster = c.wait_cluster(
             "crashy", lambda x: settled(c, "crashy")(x) and victim.pid not in {k.pid for k in x.containers}
         )
-        assert len(hostfile_hosts(c.hostfile("crashy"))) == 2 and cluster.hostfile_generation > generation
+        assert len(hostfile_hosts(c.hostfile("crashy"))) == 3 and cluster.hostfile_generation > generation
         actions = [e["action"] for e in c.events("crashy")]
         assert "container.failed" in actions and actions.count("container.created") == 4
         c.delete_cluster("crashy")
@@ -81,11 +81,11 @@ def test_restart_mid_scale_adopts_without_duplicates(
         with plane.client() as c:
             after = c.wait_cluster(
                 "survivor",
-                lambda x: all_running(x) and len(hostfile_hosts(c.hostfile("survivor"))) == 3,
+                lambda x: all_running(x) and len(hostfile_hosts(c.hostfile("survivor"))) == 4,
                 timeout=60,
             )
             record_timing(
-                cp, "server restart -> reconciled (4 Running, hostfile 3 workers)", time.monotonic() - t0
+                cp, "server restart -> reconciled (4 Running, 4 hosts in the hostfile)", time.monotonic() - t0
             )
             old = {k.name: k.pid for k in before.containers}
             assert all({k.name: k.pid for k in after.containers}[n] == p for n, p in old.items()), (

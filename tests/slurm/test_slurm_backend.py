@@ -131,12 +131,10 @@ def test_cluster_on_slurm_scale_drain_delete(scp: SlurmControlPlane, slurm: Slur
         latency = max(m["running_at"] - m["submitted_at"] for m in metas)
         record_timing(scp, "slurm: sbatch -> job seen RUNNING (slowest of 3)", latency)
         assert len(first) == 3 and len(elastrain_jobs(slurm)) == 3
-        assert sorted(hostfile_hosts(c.hostfile("sl"))) == sorted(
-            k.address for k in cluster.running("worker")
-        )
+        assert sorted(hostfile_hosts(c.hostfile("sl"))) == sorted(k.address for k in cluster.containers)
         assert "elastrain: slurm job" in c.container_logs("sl")
 
-        run = "elastrain run -v --min-np 1 --max-np 4 --hostfile /etc/mpi/hostfile --join-grace 1"
+        run = "elastrain run -v --min-np 1 --max-np 5 --hostfile /etc/mpi/hostfile --join-grace 1"
         train = f"python /examples/mnist_elastic.py --epochs {EPOCHS} --batch-size 128 --step-sleep 0.12"
         job = c.submit_job("sl", [*run.split(), "--ledger", "/examples/ledger", *train.split()])
 
@@ -148,7 +146,7 @@ def test_cluster_on_slurm_scale_drain_delete(scp: SlurmControlPlane, slurm: Slur
 
             return check
 
-        wait_for(world(2), 60, "the job to train with 2 workers")
+        wait_for(world(3), 60, "the job to train with 3 workers (the launcher trains too)")
 
         t0 = time.monotonic()
         c.scale_cluster("sl", 5)
@@ -156,8 +154,8 @@ def test_cluster_on_slurm_scale_drain_delete(scp: SlurmControlPlane, slurm: Slur
         record_timing(scp, "slurm: scale 3->5 -> new containers Running", time.monotonic() - t0)
         placed = check_placement(scp, slurm, cluster)
         assert len(elastrain_jobs(slurm)) == 5 and set(first.items()) <= set(placed.items())
-        wait_for(world(4), 60, "the job to grow to 4 workers")
-        record_timing(scp, "slurm: scale 3->5 -> job trains with 4 workers", time.monotonic() - t0)
+        wait_for(world(5), 60, "the job to grow to 5 workers")
+        record_timing(scp, "slurm: scale 3->5 -> job trains with 5 workers", time.monotonic() - t0)
 
         roles = {k.name: k.role for k in cluster.containers}
         by_node: dict[str, list[str]] = {}
@@ -175,14 +173,14 @@ def test_cluster_on_slurm_scale_drain_delete(scp: SlurmControlPlane, slurm: Slur
                 lambda x: {k.name for k in x.containers if k.state == "Failed"} == leaving,
                 timeout=30,
             )
-            stay = sorted(k.address for k in cluster.running("worker"))
+            stay = sorted(k.address for k in cluster.containers if k.state == "Running")
             wait_for(lambda: sorted(hostfile_hosts(c.hostfile("sl"))) == stay, 30, "the hostfile to shrink")
             record_timing(scp, "slurm: drain node -> hostfile shrinks", time.monotonic() - t0)
-            assert len(stay) == 4 - len(leaving)
+            assert len(stay) == 5 - len(leaving)
             wait_for(
                 lambda: not {v[2] for v in elastrain_jobs(slurm).values()} & {node}, 30, "the jobs to leave"
             )
-            wait_for(world(4 - len(leaving)), 60, "the job to shrink")
+            wait_for(world(5 - len(leaving)), 60, "the job to shrink")
         finally:
             slurm.cmd("scontrol", "update", f"nodename={node}", "state=resume")
 
@@ -191,7 +189,7 @@ def test_cluster_on_slurm_scale_drain_delete(scp: SlurmControlPlane, slurm: Slur
         )
         log = c.job_logs(job["id"])[0]
         assert done["status"] == "Succeeded", log[-3000:]
-        assert "formed: 4 workers" in log and "scale_in" in log, log[-3000:]
+        assert "formed: 5 workers" in log and "scale_in" in log, log[-3000:]
         assert_exactly_once(build_report(examples / "ledger", TRAIN_SAMPLES), EPOCHS)
 
         c.delete_cluster("sl")

@@ -62,7 +62,7 @@ def test_new_cluster_adds_launcher_and_workers_with_distinct_addresses_and_gpus(
 
 def test_steady_state_is_idempotent() -> None:
     rows = (row("c-launcher", pid=1, gpu=0), row("c-worker-0", pid=2, gpu=1))
-    hosts = "127.1.0.2 slots=1\n"
+    hosts = "127.1.0.1 slots=1\n127.1.0.2 slots=1\n"
     c = cluster(containers=rows, state=ClusterState.Running, hostfile_generation=1, hostfile_text=hosts)
     assert plan([c], [up("c-launcher", 1), up("c-worker-0", 2)], INV, NOW, DRAIN) == []
 
@@ -76,7 +76,7 @@ def test_pending_row_with_live_ready_process_is_adopted_not_duplicated() -> None
     assert ("mark_running", "c-launcher") in actions(out) and ("mark_running", "c-worker-0") in actions(out)
     assert not [d for d in out if d.action in (Action.add, Action.start)]
     hostfile = next(d for d in out if d.action == Action.write_hostfile)
-    assert hosts_text(hostfile.hosts) == "127.1.0.2 slots=1\n"
+    assert hosts_text(hostfile.hosts) == "127.1.0.1 slots=1\n127.1.0.2 slots=1\n"  # launcher first
 
 
 def test_dead_worker_is_failed_removed_and_replaced_and_leaves_the_hostfile() -> None:
@@ -85,14 +85,14 @@ def test_dead_worker_is_failed_removed_and_replaced_and_leaves_the_hostfile() ->
         containers=rows,
         state=ClusterState.Running,
         hostfile_generation=1,
-        hostfile_text="127.1.0.2 slots=1\n",
+        hostfile_text="127.1.0.1 slots=1\n127.1.0.2 slots=1\n",
     )
     out = plan([c], [up("c-launcher", 1), up("c-worker-0", 2, alive=False)], INV, NOW, DRAIN)
     acts = actions(out)
     assert acts.index(("mark_failed", "c-worker-0")) < acts.index(("remove", "c-worker-0"))
     assert ("add", "c-worker-0") in acts
     hostfile = next(d for d in out if d.action == Action.write_hostfile)
-    assert hostfile.hosts == () and hostfile.generation == 2
+    assert hosts_text(hostfile.hosts) == "127.1.0.1 slots=1\n" and hostfile.generation == 2
 
 
 def test_orphan_process_without_row_is_stopped() -> None:
@@ -106,7 +106,7 @@ def test_scale_down_drains_highest_workers_then_removes_after_grace() -> None:
     out = plan([c], [up("c-launcher", 1), up("c-worker-0", 2), up("c-worker-1", 3)], INV, NOW, DRAIN)
     assert ("begin_terminate", "c-worker-1") in actions(out)
     hostfile = next(d for d in out if d.action == Action.write_hostfile)
-    assert [h.name for h in hostfile.hosts] == ["127.1.0.2"]
+    assert [h.name for h in hostfile.hosts] == ["127.1.0.1", "127.1.0.2"]
     draining = ContainerView(
         "c-worker-1", ContainerRole.worker, "127.1.0.3", (2,), ContainerState.Terminating, 3, NOW
     )
