@@ -17,7 +17,7 @@ from typing import Any
 
 
 class ProgressReporter:
-    """Rate-limited, non-blocking reporter of step, epoch, loss, samples/s and world size."""
+    """Rate-limited, non-blocking reporter of step, epoch, loss, samples/s, world size and hosts."""
 
     def __init__(self, environ: dict[str, str] | None = None, interval_s: float = 1.0) -> None:
         env = os.environ if environ is None else environ
@@ -43,8 +43,16 @@ class ProgressReporter:
         """Is a report due now? (cheap: call it every step)"""
         return self.enabled and time.monotonic() - self._last_time >= self.interval_s
 
-    def report(self, step: int, epoch: int, world_size: int, samples: int, loss: float | None) -> None:
-        """Queue a report; `samples` is the running total of committed samples."""
+    def report(
+        self,
+        step: int,
+        epoch: int,
+        world_size: int,
+        samples: int,
+        loss: float | None,
+        hosts: list[str] | None = None,
+    ) -> None:
+        """Queue a report; `samples` is the running total of committed samples, `hosts` the members'."""
         now = time.monotonic()
         rate = (samples - self._last_samples) / max(now - self._last_time, 1e-9)
         self._last_time, self._last_samples = now, samples
@@ -56,6 +64,8 @@ class ProgressReporter:
         }
         if loss is not None:
             self._latest["loss"] = float(loss)
+        if hosts is not None:
+            self._latest["hosts"] = hosts
         self._wake.set()
 
     def _send_loop(self) -> None:

@@ -121,21 +121,25 @@ class State:
         step = self.sampler.commit_step() if self.sampler is not None else None
         if step is not None:
             self._samples_total += step.size
+        first_of_generation = False
         if rt.generation is not None:
             epoch = step.epoch if step is not None else getattr(self, "epoch", 0)
             rt.ledger.committed(rt.generation.number, epoch, self.step, rt.world_size)
             if rt.reported_generation != rt.generation.number:
                 rt.reported_generation = rt.generation.number
+                first_of_generation = True
                 if rt.rank == 0 and rt.rendezvous is not None:
                     rt.rendezvous.report_first_step(rt.generation.number, time.time())
         self.step += 1
         self._committed_counters = self._counters()
         if rt.rendezvous is not None:
             rt.rendezvous.committed_step = self.step
-        if rt.rank == 0 and self._progress.due():
+        # the first step of a generation is reported at once: a draining container waits for it
+        if rt.rank == 0 and (self._progress.due() or (first_of_generation and self._progress.enabled)):
             epoch = self.sampler.epoch if self.sampler is not None else int(getattr(self, "epoch", 0))
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
-            self._progress.report(self.step, epoch, rt.world_size, self._samples_total, value)
+            hosts = sorted({m.host for m in rt.generation.members}) if rt.generation is not None else []
+            self._progress.report(self.step, epoch, rt.world_size, self._samples_total, value, hosts)
         if self._checkpointer is not None and rt.rank == 0 and self._checkpointer.due(self.step):
             self._checkpointer.save(self.state_dict(), rt.world_size)
         pending = self._agreed_pending

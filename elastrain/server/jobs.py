@@ -41,6 +41,7 @@ from elastrain.db.session import Database
 from elastrain.server import schemas
 from elastrain.server.errors import Conflict, NotFound, Unauthorized
 from elastrain.server.inventory import Inventory
+from elastrain.server.membership import JobMembership
 from elastrain.server.reconciler import aware, container_spec
 from elastrain.server.services import check_owner, rewrite_command
 
@@ -78,6 +79,7 @@ class JobService:
     backend: Backend
     inventory: Inventory
     report_url: str = ""
+    membership: JobMembership = field(default_factory=JobMembership)
     _offsets: dict[int, int] = field(default_factory=dict)
 
     def _cluster(self, session: Session, user: User, name: str) -> Cluster:
@@ -185,6 +187,8 @@ class JobService:
             if job is None or not token or job.report_token_hash != hash_token(token):
                 raise Unauthorized("unknown job or wrong report token (ELASTRAIN_REPORT_TOKEN)")
             self._record(session, job, progress.model_dump())
+        if progress.hosts is not None:
+            self.membership.record(job_id, progress.hosts)
 
     @staticmethod
     def _record(session: Session, job: Job, values: dict[str, object]) -> None:
@@ -217,6 +221,7 @@ class JobService:
                 job.status = JobStatus.Succeeded if job.exit_code == 0 else JobStatus.Failed
                 job.finished_at = utcnow()
                 self._offsets.pop(job.id, None)
+                self.membership.forget(job.id)
                 changed += 1
         return changed
 

@@ -41,7 +41,11 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         help="host directory clusters may mount from (repeatable; default: cwd and home)",
     )
     p.add_argument(
-        "--drain-seconds", type=float, default=3.0, help="grace before a scaled-down container stops"
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="longest wait for a scaled-down container's workers to leave (their jobs' progress reports "
+        "show when they have; a container no job trains on goes at once)",
     )
     p.add_argument("--reconcile-interval", type=float, default=0.5, help="seconds between reconcile passes")
     p.add_argument("-v", "--verbose", action="store_true", help="log reconciler decisions and requests")
@@ -92,6 +96,7 @@ def run_server(args: argparse.Namespace) -> int:
     from elastrain.server.app import create_app
     from elastrain.server.inventory import Inventory
     from elastrain.server.jobs import JobService
+    from elastrain.server.membership import JobMembership
     from elastrain.server.reconciler import Reconciler
     from elastrain.server.services import Services
 
@@ -129,13 +134,19 @@ def run_server(args: argparse.Namespace) -> int:
     else:
         backend = LocalBackend(data_dir)
         inventory = Inventory.create(args.gpus, str(data_dir))
+    membership = JobMembership()
     reconciler = Reconciler(
-        db, backend, inventory, interval_s=args.reconcile_interval, drain_s=args.drain_seconds
+        db,
+        backend,
+        inventory,
+        interval_s=args.reconcile_interval,
+        drain_s=args.drain_seconds,
+        membership=membership,
     )
     services = Services(db, backend, inventory, reconciler, allowed_mount_roots=roots)
     url = f"http://{args.host}:{args.port}"
     local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    jobs = JobService(db, backend, inventory, report_url=f"http://{local}:{args.port}")
+    jobs = JobService(db, backend, inventory, report_url=f"http://{local}:{args.port}", membership=membership)
     reconciler.hooks.append(jobs.poll)
     app = create_app(services, jobs)
     kind = "real" if inventory.real else "virtual"

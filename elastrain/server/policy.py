@@ -17,6 +17,7 @@ from elastrain.backends.api import ContainerStatus
 from elastrain.db.models import ClusterState, ContainerRole, ContainerState, RestartPolicy
 from elastrain.hostfile import Host
 from elastrain.server.inventory import Inventory, allocate_address
+from elastrain.server.membership import JobHosts
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class ClusterView:
     containers: tuple[ContainerView, ...] = ()
     admitted: bool = True  # False: queued by the scheduler, nothing starts
     size_reason: str = ""  # the scheduler's reason for the size (or for waiting)
+    jobs: tuple[JobHosts, ...] = ()  # the running jobs and the hosts they last reported
 
 
 class Action(str, enum.Enum):
@@ -171,10 +173,26 @@ def _plan_cluster(
                 out.append(Decision(Action.remove, cluster.name, row.name))
         elif row.state == ContainerState.Terminating:
             since = row.terminating_since or now
-            if not alive or now - since >= drain:
-                out.append(Decision(Action.remove, cluster.name, row.name))
+            if not alive:
+                why = "its init process had exited"
+            elif workers_left(row.address, since, cluster.jobs):
+                why = "its workers left" if cluster.jobs else "no job was running on it"
+            elif now - since >= drain:
+                why = f"the drain bound ({drain.total_seconds():g} s) passed before its workers left"
+            else:
+                continue
+            out.append(Decision(Action.remove, cluster.name, row.name, reason=why))
     out += _scale(cluster, live, running, pool, inventory)
     return out
+
+
+def workers_left(address: str, since: datetime, jobs: tuple[JobHosts, ...]) -> bool:
+    """Has every running job reported, after `since`, a membership without `address`?
+
+    True at once without running jobs; a job that has not reported since (or never reports hosts)
+    keeps the container until the drain bound.
+    """
+    return all(j.at is not None and j.at > since and address not in j.hosts for j in jobs)
 
 
 def _failed(cluster: ClusterView, row: ContainerView, reason: str) -> Decision:

@@ -8,16 +8,17 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend, ContainerSpec, Mount
 from elastrain.backends.local import HOSTFILE_PATH
-from elastrain.db.models import Cluster, ClusterState, Container, ContainerState, Job, utcnow
+from elastrain.db.models import Cluster, ClusterState, Container, ContainerState, Job, JobStatus, utcnow
 from elastrain.db.repository import add_event, all_clusters, cluster_by_name
 from elastrain.db.session import Database
 from elastrain.hostfile import Hostfile, render_hostfile
 from elastrain.server.inventory import Inventory, parse_gpu_ids
+from elastrain.server.membership import JobHosts, JobMembership
 from elastrain.server.policy import Action, ClusterView, ContainerView, Decision, hosts_text, plan
 from elastrain.server.scheduling import ClusterScheduler, default_scheduler
 
@@ -32,8 +33,8 @@ def aware(value: datetime | None) -> datetime | None:
     return value
 
 
-def cluster_view(cluster: Cluster) -> ClusterView:
-    """The policy's view of a cluster row."""
+def cluster_view(cluster: Cluster, jobs: tuple[JobHosts, ...] = ()) -> ClusterView:
+    """The policy's view of a cluster row (with its running jobs' reported hosts)."""
     containers = tuple(
         ContainerView(
             k.name,
@@ -59,6 +60,7 @@ def cluster_view(cluster: Cluster) -> ClusterView:
         containers,
         admitted=cluster.admitted,
         size_reason=cluster.size_reason,
+        jobs=jobs,
     )
 
 
@@ -88,16 +90,20 @@ class Reconciler:
         backend: Backend,
         inventory: Inventory,
         interval_s: float = 0.5,
-        drain_s: float = 3.0,
+        drain_s: float = 30.0,
         scheduler: ClusterScheduler | None = None,
+        membership: JobMembership | None = None,
     ) -> None:
         """``scheduler`` (default: the one ``elastrain server --scheduler`` chose, none for ``static``)
-        sets desired sizes and admissions before each pass."""
+        sets desired sizes and admissions before each pass. A scaled-down container is removed when
+        the running jobs' reported memberships (`membership`) no longer list it, at most ``drain_s``
+        after it left the hostfile."""
         self.db = db
         self.backend = backend
         self.inventory = inventory
         self.interval_s = interval_s
         self.drain = timedelta(seconds=drain_s)
+        self.membership = membership if membership is not None else JobMembership()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,7 +147,14 @@ class Reconciler:
             scheduled = self._admit_queued() if self.passes == 0 else 0
         actual = self.backend.list_containers()
         with self.db.session() as session:
-            views = [cluster_view(c) for c in all_clusters(session)]
+            running: dict[int, list[int]] = {}
+            for job_id, cluster_id in session.execute(
+                select(Job.id, Job.cluster_id).where(Job.status == JobStatus.Running)
+            ):
+                running.setdefault(cluster_id, []).append(job_id)
+            views = [
+                cluster_view(c, self.membership.of(running.get(c.id, []))) for c in all_clusters(session)
+            ]
         decisions = plan(views, actual, self.inventory, utcnow(), self.drain)
         transient = (ContainerState.Pending, ContainerState.Terminating)
         self._busy = any(k.state in transient for c in views for k in c.containers)
@@ -267,7 +280,8 @@ class Reconciler:
         elif d.action == Action.remove:
             self.backend.delete_container(cluster.name, row.name, cluster.uid)
             session.delete(row)
-            add_event(session, ACTOR, "container.removed", d.cluster, cluster.owner_id, container=row.name)
+            detail = {"container": row.name, **({"reason": d.reason} if d.reason else {})}
+            add_event(session, ACTOR, "container.removed", d.cluster, cluster.owner_id, **detail)
 
     def _apply_cluster(self, session: Session, cluster: Cluster, d: Decision) -> None:
         if d.action == Action.write_hostfile:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 
 class ErrorOut(BaseModel):
@@ -142,6 +143,9 @@ class JobProgress(BaseModel):
     loss: float | None = None
     samples_per_s: float | None = None
     world_size: int | None = None
+    hosts: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] | None = Field(
+        default=None, max_length=4096, description="the hosts the job trains on now (drains wait for it)"
+    )
 
 
 class JobOut(BaseModel):

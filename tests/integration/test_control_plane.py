@@ -184,7 +184,7 @@ class ControlPlane:
             "--allow-mount",
             str(self.mounts),
             "--drain-seconds",
-            "0.5",
+            "20",  # the bound; scale-in waits for the jobs' reports that the workers have left
             "--reconcile-interval",
             "0.2",
         ]
@@ -352,7 +352,9 @@ def test_cluster_lifecycle(cp: ControlPlane) -> None:
         assert all(p and pid_alive(p) for p in pids)
         launcher, worker = cluster.running("launcher")[0], cluster.running("worker")[0]
         text = c.hostfile("tthvd")  # the launcher runs a worker too: 2 containers, -np 2
-        assert hostfile_hosts(text) == [launcher.address, worker.address] and text.startswith("# generation: ")
+        assert hostfile_hosts(text) == [launcher.address, worker.address] and text.startswith(
+            "# generation: "
+        )
         assert cp.cli("cluster", "hostfile", "tthvd").stdout == text
         assert f"up at {cluster.containers[0].address}" in cp.cli("cluster", "logs", "tthvd").stdout
         for k in cluster.containers:  # every container reads the same file at its etc/mpi/hostfile

@@ -78,7 +78,7 @@ def test_jobs_submit_progress_logs_cancel(cp: ControlPlane) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_elastic_training_grows_and_shrinks_with_the_cluster(cp: ControlPlane) -> None:
-    """The seed's flow: a job in the launcher container follows scale 2->4->2 live (the launcher trains too)."""
+    """The seed's flow: a job in the launcher container follows scale 2->4->2 live (the launcher trains)."""
     sqlite_only(cp)
     examples = cp.mounts / "examples"  # a copy: a symlink out of the allowed root would be refused
     examples.mkdir(exist_ok=True)
@@ -104,6 +104,12 @@ def test_elastic_training_grows_and_shrinks_with_the_cluster(cp: ControlPlane) -
         wait_for(world(4), 120, "the job to grow to 4 workers")
         c.scale_cluster("train", 2)
         wait_for(world(2), 120, "the job to shrink back to 2 workers")
+        removed = wait_for(
+            lambda: [e for e in c.events("train") if e["action"] == "container.removed"] or None,
+            30,
+            "the scaled-down containers to be removed",
+        )
+        assert {e["detail"]["reason"] for e in removed} == {"its workers left"}, removed
         step = c.get_job(job["id"])["step"] or 0
         wait_for(lambda: (c.get_job(job["id"])["step"] or 0) > step, 60, "training to go on after the shrink")
         log = c.job_logs(job["id"])[0]

@@ -54,7 +54,7 @@ class SlurmControlPlane(ControlPlane):
             "--allow-mount",
             str(self.mounts),
             "--drain-seconds",
-            "0.5",
+            "20",  # the bound; scale-in waits for the jobs' reports that the workers have left
             "--reconcile-interval",
             "0.2",
         ]

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from elastrain.backends.api import ContainerStatus
 from elastrain.db.models import ClusterState, ContainerRole, ContainerState, RestartPolicy
 from elastrain.server.inventory import Inventory
+from elastrain.server.membership import JobHosts
 from elastrain.server.policy import Action, ClusterView, ContainerView, Decision, hosts_text, plan
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -110,7 +111,8 @@ def test_scale_down_drains_highest_workers_then_removes_after_grace() -> None:
     draining = ContainerView(
         "c-worker-1", ContainerRole.worker, "127.1.0.3", (2,), ContainerState.Terminating, 3, NOW
     )
-    c2 = cluster(desired=2, containers=(*rows[:2], draining), state=ClusterState.Running)
+    silent_job = (JobHosts(7, None, frozenset()),)  # a job that does not report its hosts: the bound applies
+    c2 = cluster(desired=2, containers=(*rows[:2], draining), state=ClusterState.Running, jobs=silent_job)
     live = [up("c-launcher", 1), up("c-worker-0", 2), up("c-worker-1", 3)]
     assert ("remove", "c-worker-1") not in actions(plan([c2], live, INV, NOW + timedelta(seconds=1), DRAIN))
     assert ("remove", "c-worker-1") in actions(plan([c2], live, INV, NOW + timedelta(seconds=4), DRAIN))
@@ -130,3 +132,24 @@ def test_cluster_waits_pending_with_reason_when_gpus_are_short() -> None:
 def test_terminating_cluster_is_finalized() -> None:
     out = plan([cluster(state=ClusterState.Terminating)], [], INV, NOW, DRAIN)
     assert actions(out) == [("finalize_delete", "")]
+
+
+def test_scale_down_waits_until_the_running_jobs_report_that_the_workers_left() -> None:
+    rows = (row("c-launcher", pid=1, gpu=0), row("c-worker-0", pid=2, gpu=1))
+    draining = ContainerView(
+        "c-worker-1", ContainerRole.worker, "127.1.0.3", (2,), ContainerState.Terminating, 3, NOW
+    )
+    live = [up("c-launcher", 1), up("c-worker-0", 2), up("c-worker-1", 3)]
+    later = NOW + timedelta(seconds=1)
+    both = frozenset({"127.1.0.1", "127.1.0.2"})
+
+    def removed(*jobs: JobHosts) -> bool:
+        c = cluster(desired=2, containers=(*rows, draining), state=ClusterState.Running, jobs=jobs)
+        return ("remove", "c-worker-1") in actions(plan([c], live, INV, later, timedelta(seconds=30)))
+
+    assert removed()  # no job trains on it: it goes at once
+    assert not removed(JobHosts(1, None, frozenset()))  # a job that never reported hosts: wait the bound
+    assert not removed(JobHosts(1, NOW - timedelta(seconds=1), both))  # reported before the drain began
+    assert not removed(JobHosts(1, later, both | {"127.1.0.3"}))  # still a member
+    assert removed(JobHosts(1, later, both))
+    assert not removed(JobHosts(1, later, both), JobHosts(2, None, frozenset()))  # every job must report

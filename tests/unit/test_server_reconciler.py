@@ -92,7 +92,7 @@ def test_converges_then_is_idempotent(db: Database) -> None:
     settle(r)
     (c,) = clusters(db)
     assert c.state == ClusterState.Running and [k.state for k in c.containers] == [ContainerState.Running] * 3
-    assert backend.files["c"].splitlines()[1:] == [f"{k.address} slots=1" for k in c.containers[1:]]
+    assert backend.files["c"].splitlines()[1:] == [f"{k.address} slots=1" for k in c.containers]
     assert r.reconcile_once() == 0 and backend.creates == 3
 
 
