@@ -84,9 +84,11 @@ def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run `elastrain run` with parsed flags; returns the exit code."""
+    from elastrain.launcher.attach import OutputTee, attach, record_exit
     from elastrain.launcher.hosts import SlurmHosts, make_host_source
     from elastrain.launcher.run import LaunchConfig, Launcher, check_command, check_sizes, uses_elastrain
 
+    in_container(args)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     check_sizes(args.np, args.min_np, args.max_np)  # flag mistakes first: they need no file system
     check_command(command)
@@ -119,4 +121,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         env=env,
         rejoin=args.rejoin,
     )
-    return Launcher(config, starter).run()
+    job = attach(command)
+    if job is None:
+        return Launcher(config, starter).run()
+    config.env.update(job.env)
+    tee = OutputTee(job.log_path)
+    tee.start()
+    code = 1
+    try:
+        code = Launcher(config, starter).run()
+    finally:
+        record_exit(job, code)
+        tee.stop()
+    return code
+
+
+def in_container(args: argparse.Namespace) -> None:
+    """Inside a control-plane container, read container paths (``/etc/mpi/hostfile``, mounts) as its own."""
+    from elastrain.launcher.attach import container_path
+
+    args.command = [container_path(a) for a in args.command]
+    for name in ("hostfile", "host_discovery_script"):
+        if getattr(args, name):
+            setattr(args, name, container_path(getattr(args, name)))
+    for name in ("ledger", "checkpoint_dir"):
+        if getattr(args, name) is not None:
+            setattr(args, name, Path(container_path(str(getattr(args, name)))))
+    if isinstance(args.resume, str) and args.resume.startswith("/"):
+        args.resume = container_path(args.resume)

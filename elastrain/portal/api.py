@@ -114,6 +114,7 @@ def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
             hello = json.loads(await asyncio.wait_for(websocket.receive_text(), AUTH_TIMEOUT_S))
             user = _user(services, str(hello.get("token", "")))
             target = await asyncio.to_thread(terminal_target, services, user, name)
+            target.env.update(jobs.attach_env(user, name))  # `elastrain run` typed there becomes a job
         except (Unauthorized, NotFound, Conflict) as exc:
             await websocket.send_text(f"\r\n{exc}\r\n")
             await websocket.close(code=4000 + exc.status, reason=str(exc)[:120])

@@ -195,6 +195,13 @@ def create_app(services: Services, jobs: JobService) -> FastAPI:
         jobs.report(job_id, x_job_token, progress)
         return Response(status_code=204)
 
+    @api.post("/jobs/attach", response_model=schemas.JobAttached, responses=errors, tags=["jobs"])
+    def attach_job(
+        req: schemas.JobAttach, x_attach_token: Annotated[str, Header()] = ""
+    ) -> schemas.JobAttached:
+        """`elastrain run` in a launcher terminal registers itself as a job (auth: X-Attach-Token)."""
+        return jobs.attach(x_attach_token, req)
+
     app.include_router(api)
     from elastrain.portal import mount_portal  # the web portal at /
 

@@ -17,6 +17,7 @@ import secrets
 import shlex
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,8 @@ class JobService:
     report_url: str = ""
     membership: JobMembership = field(default_factory=JobMembership)
     _offsets: dict[int, int] = field(default_factory=dict)
+    _attach_tokens: dict[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (user id, cluster)
+    _attach_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _cluster(self, session: Session, user: User, name: str) -> Cluster:
         cluster = find_cluster(session, user, name)
@@ -134,6 +137,56 @@ class JobService:
             job.pid, job.log_path = proc.pid, str(log_path)
             add_event(session, user.name, "job.submitted", name, user.id, job=job.id, command=req.command)
             return job_out(job, cluster.name)
+
+    def attach_env(self, user: User, cluster: str) -> dict[str, str]:
+        """Environment for a shell in `cluster`'s launcher: an ``elastrain run`` typed there becomes a job.
+
+        The attach token is kept in memory (a shell does not outlive the server that started it).
+        """
+        token = secrets.token_urlsafe(24)
+        with self._attach_lock:
+            self._attach_tokens[hash_token(token)] = (user.id, cluster)
+        return {"ELASTRAIN_ATTACH_URL": self.report_url, "ELASTRAIN_ATTACH_TOKEN": token}
+
+    def attach(self, token: str, req: schemas.JobAttach) -> schemas.JobAttached:
+        """Register a running ``elastrain run`` (authenticated by an attach token) as a job."""
+        with self._attach_lock:
+            owner = self._attach_tokens.get(hash_token(token)) if token else None
+        if owner is None:
+            raise Unauthorized("unknown attach token (ELASTRAIN_ATTACH_TOKEN); open a new terminal")
+        report_token = secrets.token_urlsafe(24)
+        with self.db.session() as session:
+            user = session.get(User, owner[0])
+            cluster = find_cluster(session, user, owner[1]) if user is not None else None
+            if user is None or cluster is None:
+                raise NotFound(f"cluster {owner[1]!r} not found")
+            launcher = next((k for k in cluster.containers if k.role == ContainerRole.launcher), None)
+            if launcher is None:
+                raise Conflict(f"cluster {cluster.name!r} has no launcher container")
+            job = Job(
+                cluster_id=cluster.id,
+                owner_id=user.id,
+                command=json.dumps(req.command),
+                status=JobStatus.Running,
+                report_token_hash=hash_token(report_token),
+                pid=req.pid,
+            )
+            session.add(job)
+            session.flush()
+            log_path = self.backend.container_path(cluster.name, launcher.name, f"/var/log/jobs/{job.id}.log")
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_text(f"$ {shlex.join(req.command)}\n")
+            job.log_path = str(log_path)
+            add_event(
+                session, user.name, "job.attached", cluster.name, user.id, job=job.id, command=req.command
+            )
+            return schemas.JobAttached(
+                id=job.id,
+                report_url=self.report_url,
+                report_token=report_token,
+                log_path=str(log_path),
+                exit_path=str(log_path.with_suffix(".exit")),
+            )
 
     def _job(self, session: Session, user: User, job_id: int) -> tuple[Job, str]:
         job = session.get(Job, job_id)
@@ -201,9 +254,9 @@ class JobService:
 
     @staticmethod
     def _alive(job: Job) -> bool:
-        return (
-            bool(job.pid) and pid_alive(job.pid or 0) and "elastrain.backends.jobrun" in cmdline(job.pid or 0)
-        )
+        """The job's process (jobrun for submitted jobs, ``elastrain run`` for attached ones) is running."""
+        argv = cmdline(job.pid or 0) if job.pid and pid_alive(job.pid) else []
+        return any("elastrain" in part for part in argv)
 
     def poll(self) -> int:
         """Update running jobs: progress scraped from new log lines, status when they end."""

@@ -148,6 +148,7 @@ def run_server(args: argparse.Namespace) -> int:
     local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     jobs = JobService(db, backend, inventory, report_url=f"http://{local}:{args.port}", membership=membership)
     reconciler.hooks.append(jobs.poll)
+    services.attach_env = jobs.attach_env
     app = create_app(services, jobs)
     kind = "real" if inventory.real else "virtual"
     print(f"elastrain server: {url} (API {url}/api/v1, docs {url}/docs)", flush=True)

@@ -148,6 +148,24 @@ class JobProgress(BaseModel):
     )
 
 
+class JobAttach(BaseModel):
+    """`elastrain run` typed in a launcher container's terminal registers itself as a job."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(min_length=1, max_length=1024)
+    pid: int = Field(gt=0, lt=2**31, description="the `elastrain run` process (its liveness is the job's)")
+
+
+class JobAttached(BaseModel):
+    """What an attached job needs: its id, its report token and where to write its log and exit code."""
+
+    id: int
+    report_url: str
+    report_token: str
+    log_path: str
+    exit_path: str
+
+
 class JobOut(BaseModel):
     """A job: command, status and its last reported progress."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import os
 import re
@@ -135,6 +136,7 @@ class Services:
     reconciler: Reconciler
     allowed_mount_roots: list[Path] = field(default_factory=list)
     on_change: Callable[[], None] | None = None
+    attach_env: Callable[[User, str], dict[str, str]] | None = None  # JobService.attach_env
 
     # --- users -------------------------------------------------------------------------------------
     def authenticate(self, session: Session, token: str) -> User | None:
@@ -343,6 +345,8 @@ class Services:
             m.target: self.backend.container_path(spec.cluster, spec.name, m.target) for m in spec.mounts
         }
         command = rewrite_command(req.command, hostfile, mounts)
+        if self.attach_env is not None:  # an `elastrain run` started this way becomes a job
+            spec = dataclasses.replace(spec, env={**spec.env, **self.attach_env(user, name)})
         try:
             proc = self.backend.exec(spec, command)
         except OSError as exc:

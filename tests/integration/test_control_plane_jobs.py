@@ -12,6 +12,7 @@ import pytest
 
 from elastrain.backends.procs import pid_alive
 from elastrain.client import ClientError
+from elastrain.report import build_report
 from tests.integration.test_control_plane import (  # noqa: F401 - cp and postgres are fixtures
     REPO,
     ControlPlane,
@@ -24,6 +25,7 @@ from tests.integration.test_control_plane import (  # noqa: F401 - cp and postgr
 )
 
 pytestmark = pytest.mark.timeout(180)
+SAMPLES = 10000  # MNIST-1D training set
 
 
 def test_jobs_submit_progress_logs_cancel(cp: ControlPlane) -> None:
@@ -167,3 +169,34 @@ def _pids_with(marker: str) -> list[int]:
         except OSError:
             continue
     return [p for p in found if pid_alive(p)]
+
+
+def test_seed_flow_run_typed_in_the_launcher_becomes_a_reporting_job(cp: ControlPlane) -> None:
+    """Issue flow: 2 containers, `elastrain run -np 2 --hostfile /etc/mpi/hostfile` in the launcher:
+    10,000 samples split 5,000 per worker; the run registers itself as a job that reports progress."""
+    sqlite_only(cp)
+    examples, ledger = cp.mounts / "seed-examples", cp.mounts / "seed-ledger"
+    examples.mkdir(exist_ok=True)
+    ledger.mkdir(exist_ok=True)
+    for name in ("mnist_elastic.py", "mnist1d_data.py"):
+        shutil.copy(REPO / "examples" / name, examples / name)
+    with cp.client() as c:
+        c.create_cluster(
+            "seed", containers=2, gpus_per_container=1, mounts=[f"{examples}:/ex", f"{ledger}:/ld"]
+        )
+        c.wait_cluster("seed", settled(c, "seed"))
+        run = "elastrain run -np 2 --hostfile /etc/mpi/hostfile --ledger /ld/run python /ex/mnist_elastic.py"
+        out = cp.cli("cluster", "exec", "seed", "--", *run.split(), "--epochs", "1", "--batch-size", "250")
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "epoch 0 done: world 2" in out.stdout + out.stderr
+        (job,) = c.list_jobs("seed")
+        assert job["command"][:2] == ["elastrain", "run"] and job["world_size"] == 2
+        job = wait_for(lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 30, "the job to end")
+        assert (job["status"], job["exit_code"]) == ("Succeeded", 0)
+        assert "epoch 0 done: world 2" in c.job_logs(job["id"])[0]  # the run's output is the job's log
+        assert "job.attached" in [e["action"] for e in c.events("seed")]
+        c.delete_cluster("seed")
+    report = build_report(ledger / "run", SAMPLES)
+    assert [(e["samples"], e["duplicates"], e["missing"]) for e in report["epochs"]] == [(SAMPLES, 0, 0)]
+    (generation,) = report["generations"]
+    assert sorted(generation["samples_per_worker"].values()) == [SAMPLES // 2] * 2
