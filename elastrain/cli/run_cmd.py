@@ -121,7 +121,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         env=env,
         rejoin=args.rejoin,
     )
-    job = attach(command)
+    typed = sys.argv[1:] if sys.argv[1:2] == ["run"] else ["run", *command]
+    job = attach(["elastrain", *typed])
     if job is None:
         return Launcher(config, starter).run()
     config.env.update(job.env)

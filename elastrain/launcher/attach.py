@@ -50,14 +50,17 @@ class AttachedJob:
 
 
 def attach(command: list[str], environ: dict[str, str] | None = None) -> AttachedJob | None:
-    """Register with the control plane when started in one of its shells (None otherwise or on failure)."""
+    """Register with the control plane when started in one of its shells (None otherwise or on failure).
+
+    `command` is what the job list shows (the ``elastrain run ...`` line as typed).
+    """
     env = os.environ if environ is None else environ
     url, token = env.get(ATTACH_URL_ENV, ""), env.get(ATTACH_TOKEN_ENV, "")
     if not url or not token or env.get("ELASTRAIN_JOB_ID"):
         return None  # not in a control-plane shell, or already a submitted job
     request = urllib.request.Request(
         f"{url.rstrip('/')}/api/v1/jobs/attach",
-        data=json.dumps({"command": ["elastrain", "run", *command], "pid": os.getpid()}).encode(),
+        data=json.dumps({"command": command, "pid": os.getpid()}).encode(),
         method="POST",
         headers={"Content-Type": "application/json", "X-Attach-Token": token},
     )

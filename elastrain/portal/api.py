@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from elastrain.db.models import ContainerRole, ContainerState, JobMetric, User
 from elastrain.db.repository import find_cluster
-from elastrain.portal.terminal import TerminalSession, TerminalTarget
+from elastrain.portal.terminal import TerminalRegistry, TerminalSession, TerminalTarget
 from elastrain.server.errors import Conflict, NotFound, Unauthorized
 from elastrain.server.jobs import JobService
 from elastrain.server.reconciler import aware, container_spec
@@ -68,6 +68,8 @@ def terminal_target(services: Services, user: User, name: str) -> TerminalTarget
 
 def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
     """Register ``GET /api/v1/jobs/{id}/metrics`` and ``WS /api/v1/clusters/{name}/terminal``."""
+    terminals = TerminalRegistry()
+    app.router.on_shutdown.append(terminals.close_all)
 
     def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> User:
         if credentials is None or credentials.scheme.lower() != "bearer":
@@ -114,7 +116,6 @@ def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
             hello = json.loads(await asyncio.wait_for(websocket.receive_text(), AUTH_TIMEOUT_S))
             user = _user(services, str(hello.get("token", "")))
             target = await asyncio.to_thread(terminal_target, services, user, name)
-            target.env.update(jobs.attach_env(user, name))  # `elastrain run` typed there becomes a job
         except (Unauthorized, NotFound, Conflict) as exc:
             await websocket.send_text(f"\r\n{exc}\r\n")
             await websocket.close(code=4000 + exc.status, reason=str(exc)[:120])
@@ -122,12 +123,16 @@ def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
         except (TimeoutError, ValueError, AttributeError, WebSocketDisconnect):
             await websocket.close(code=4400, reason='send {"token": ...} first')
             return
-        log.info("terminal for %s in %s", user.name, target.label)
         size = hello.get("resize")
-        session = TerminalSession.start(target, size if isinstance(size, list) else None)
-        try:
-            await session.bridge(websocket)
-        finally:
-            session.close()
+
+        def start() -> TerminalSession:
+            target.env.update(jobs.attach_env(user, name))  # `elastrain run` typed there becomes a job
+            return TerminalSession.start(target, size if isinstance(size, list) else None)
+
+        session, new = terminals.get_or_start((user.id, name), start)
+        log.info("terminal for %s in %s (%s)", user.name, target.label, "new" if new else "reattached")
+        if not new and isinstance(size, list) and len(size) == 2:
+            session.resize(size[0], size[1])
+        await session.bridge(websocket)  # the shell (and a job typed in it) outlives the tab
 
     app.include_router(api)

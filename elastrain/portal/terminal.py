@@ -1,4 +1,4 @@
-"""A login shell on a pseudo-terminal in a container's root, bridged to a WebSocket."""
+"""A shell on a pseudo-terminal in a container's root, bridged to a WebSocket; it survives the tab."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from fastapi import WebSocket
 
 READ_CHUNK = 65536
+SCROLLBACK_BYTES = 256 * 1024  # replayed to a tab that (re)connects
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,20 @@ def _make_controlling_tty() -> None:  # runs in the child between fork and exec
 
 
 class TerminalSession:
-    """A shell process on a pty; `bridge` copies bytes between it and a WebSocket until either ends."""
+    """A shell process on a pty that outlives the browser tab, as JupyterLab's terminals do.
+
+    A reader thread drains the pty all the time (so a job writing to it never blocks while no tab is
+    attached) into a scrollback buffer; `bridge` replays that buffer to a WebSocket, then streams.
+    """
 
     def __init__(self, proc: subprocess.Popen[bytes], master: int) -> None:
         self.proc = proc
         self.master = master
+        self._lock = threading.Lock()
+        self._scrollback = bytearray()
+        self._subscriber: tuple[asyncio.AbstractEventLoop, asyncio.Queue[bytes]] | None = None
+        self.exited = threading.Event()
+        threading.Thread(target=self._read, name="terminal-reader", daemon=True).start()
 
     @classmethod
     def start(cls, target: TerminalTarget, size: list[object] | None = None) -> TerminalSession:
@@ -87,32 +99,54 @@ class TerminalSession:
             raise
         finally:
             os.close(slave)
-        os.set_blocking(master, False)
         return cls(proc, master)
 
-    async def bridge(self, websocket: WebSocket) -> None:
-        """Pump output to the socket and input to the shell; returns when the shell exits or the
-        browser disconnects."""
-        loop = asyncio.get_running_loop()
-        output: asyncio.Queue[bytes] = asyncio.Queue()
+    @property
+    def alive(self) -> bool:
+        """The shell has not exited."""
+        return not self.exited.is_set() and self.proc.poll() is None
 
-        def readable() -> None:
+    def _read(self) -> None:
+        while True:
             try:
                 data = os.read(self.master, READ_CHUNK)
-            except BlockingIOError:
-                return
-            except OSError:  # EIO: the shell exited
+            except OSError:  # EIO: the shell and everything on its tty are gone
                 data = b""
+            with self._lock:
+                if data:
+                    self._scrollback += data
+                    del self._scrollback[:-SCROLLBACK_BYTES]
+                else:
+                    self.exited.set()
+                subscriber = self._subscriber
+            if subscriber is not None:
+                loop, queue = subscriber
+                with contextlib.suppress(RuntimeError):  # the tab's loop is closing
+                    loop.call_soon_threadsafe(queue.put_nowait, data)
             if not data:
-                loop.remove_reader(self.master)
-            output.put_nowait(data)
+                return
 
-        loop.add_reader(self.master, readable)
+    def resize(self, cols: object, rows: object) -> None:
+        """Set the pty's window size."""
+        with contextlib.suppress(TypeError, ValueError, OSError):
+            _set_size(self.master, int(str(cols)), int(str(rows)))
+
+    async def bridge(self, websocket: WebSocket) -> None:
+        """Replay the scrollback, then pump output to the socket and input to the shell; returns when
+        the shell exits or the browser disconnects (the shell keeps running then)."""
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        with self._lock:
+            backlog = bytes(self._scrollback)
+            self._subscriber = (asyncio.get_running_loop(), queue)
+            if self.exited.is_set():
+                queue.put_nowait(b"")
 
         async def pump_out() -> None:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            if backlog:
+                await websocket.send_text(decoder.decode(backlog))
             while True:
-                data = await output.get()
+                data = await queue.get()
                 if not data:
                     await websocket.close(code=1000, reason="shell exited")
                     return
@@ -127,17 +161,18 @@ class TerminalSession:
                     os.write(self.master, message["input"].encode())
                 size = message.get("resize")
                 if isinstance(size, list) and len(size) == 2:
-                    _set_size(self.master, size[0], size[1])
+                    self.resize(size[0], size[1])
 
         tasks = [asyncio.create_task(pump_out()), asyncio.create_task(pump_in())]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            with self._lock:
+                if self._subscriber is not None and self._subscriber[1] is queue:
+                    self._subscriber = None
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            with contextlib.suppress(ValueError, OSError):
-                loop.remove_reader(self.master)
 
     def close(self) -> None:
         """Hang up: stop the shell's whole process group and close the pty."""
@@ -149,5 +184,34 @@ class TerminalSession:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
+        self.exited.wait(2)
         with contextlib.suppress(OSError):
             os.close(self.master)
+
+
+class TerminalRegistry:
+    """One persistent shell per (user, cluster): a reconnecting tab gets the same shell back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[tuple[int, str], TerminalSession] = {}
+
+    def get_or_start(
+        self, key: tuple[int, str], start: Callable[[], TerminalSession]
+    ) -> tuple[TerminalSession, bool]:
+        """The live session of `key`, or a new one from `start`; True when it was started now."""
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is not None and session.alive:
+                return session, False
+            if session is not None:
+                session.close()
+            session = self._sessions[key] = start()
+            return session, True
+
+    def close_all(self) -> None:
+        """Hang up every shell (server shutdown)."""
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            session.close()

@@ -1,8 +1,9 @@
 """The web portal in a real chromium against a real `elastrain server` (the seed's click-by-click flow).
 
 Sign in, create a 2-container Horovod cluster through the form, watch both containers go Running
-without a reload, run a job and watch its charts, scale 2 -> 4 in the scale panel (the hostfile and
-the job's world-size chart follow), use the launcher terminal, delete the cluster; plus the refusals:
+without a reload, submit a job through the form, type the example job's `elastrain run` in the
+launcher terminal, scale 2 -> 4 in the scale panel while it trains (the hostfile and the job's
+world-size chart follow: 2 -> 4), delete the cluster; plus the refusals:
 a wrong token, invalid form input (errors next to the fields), another user's cluster ("not found").
 Screenshots of every page go to artifacts/screenshots/.
 """
@@ -10,6 +11,7 @@ Screenshots of every page go to artifacts/screenshots/.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,29 +19,15 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import PHONE, sign_in
-from tests.integration.test_control_plane import ControlPlane, wait_for
+from tests.integration.test_control_plane import REPO, ControlPlane, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
-# A stand-in for an elastic training job: it reports progress like `elastrain run` jobs do, with the
-# world size read from the hostfile it is given, so the chart follows the cluster's size.
-PROGRESS_JOB = """\
-import os, sys, time
-from elastrain.client import report_progress
-
-hostfile = sys.argv[1]
-for step in range(1, 100000):
-    slots = 0
-    with open(hostfile) as f:
-        for line in f:
-            if line.strip() and not line.startswith("#"):
-                m = [w for w in line.split() if w.startswith("slots=")]
-                slots += int(m[0].split("=")[1]) if m else 1
-    loss = 2.0 / (1 + 0.05 * step)
-    print(f"step {step}: world {slots}, loss {loss:.4f}", flush=True)
-    report_progress(step=step, epoch=step // 20, loss=loss, samples_per_s=250.0 * slots, world_size=slots)
-    time.sleep(0.25)
-"""
+# The seed's command, typed in the launcher terminal: the example trains long enough to be scaled.
+RUN_EXAMPLE = (
+    "elastrain run -v --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile --join-grace 1 "
+    "python /data/mnist_elastic.py --epochs 200 --batch-size 250 --step-sleep 0.05"
+)
 
 
 def _containers(tab: Any, state: str) -> Any:
@@ -64,7 +52,8 @@ def test_create_scale_job_terminal_delete(
 ) -> None:
     data = server.mounts / "data"
     data.mkdir(exist_ok=True)
-    (data / "progress_job.py").write_text(PROGRESS_JOB)
+    for name in ("mnist_elastic.py", "mnist1d_data.py"):
+        shutil.copy(REPO / "examples" / name, data / name)
     sign_in(page, server.url, server.token)
     page.get_by_role("heading", name="Distributed training clusters").wait_for()
     shot(page, "02-clusters-empty")
@@ -97,53 +86,68 @@ def test_create_scale_job_terminal_delete(
     assert "created with 2 containers (horovod)" in page.locator("#events-body").inner_text()
     shot(page, "04-cluster-running")
 
-    # A job through the cluster page's form; its page charts progress live.
-    page.get_by_label("Command").fill("python /data/progress_job.py /etc/mpi/hostfile")
+    # The job form runs a command detached in the launcher container; its page shows how it ended.
+    page.get_by_label("Command").fill("echo submitted-from-the-form")
     page.get_by_role("button", name="Submit job").click()
     page.wait_for_url(re.compile(r"/jobs/\d+$"))
-    job_url = page.url
-    page.locator("#job-log").filter(has_text="world 2").wait_for()
-    page.locator("#chart-world canvas").wait_for()
-    shot(page, "05-job-world-2")
+    page.locator("#job-log").filter(has_text="submitted-from-the-form").wait_for()
+    page.locator("#job-status").filter(has_text="Succeeded").wait_for()
 
-    # Scale 2 -> 4 from the list: check the row, "Scale containers", change the count, confirm.
+    # The launcher terminal (the seed's JupyterLab -> Terminal): a real shell in the container; the
+    # example job typed there registers itself as a job of the cluster and charts its progress.
+    page.goto(f"{server.url}/clusters/tthvd/terminal")
+    page.get_by_text("Connected to the launcher container.").wait_for()
+    page.locator(".xterm").click()
+    page.keyboard.type("echo role=$ELASTRAIN_CONTAINER_ROLE hosts=$(grep -c slots= etc/mpi/hostfile)\n")
+    page.locator(".xterm-rows").filter(has_text="role=launcher hosts=2").wait_for()
+    page.keyboard.type(f"{RUN_EXAMPLE}\n")
+    started = page.locator(".xterm-rows").filter(has_text=re.compile(r"this run is job \d+"))
+    started.wait_for(timeout=30_000)
+    found = re.search(r"this run is job (\d+)", started.inner_text())
+    assert found, started.inner_text()
+    job_url = f"{server.url}/jobs/{found.group(1)}"
+    page.locator(".xterm-rows").filter(has_text="formed: 2 workers").wait_for(timeout=60_000)
+    shot(page, "05-terminal-job")
+
+    page.goto(f"{server.url}/clusters/tthvd")
+    page.locator(f"#jobs-body tr[data-job='{found.group(1)}']").get_by_role("link").click()
+    page.wait_for_url(job_url)
+    page.locator("#job-log").filter(has_text="formed: 2 workers").wait_for()
+    summary = page.locator("#job-summary")
+    wait_for(lambda: re.search(r"World size\s+2", summary.inner_text()), 60, "world size 2 on the job page")
+    page.locator("#chart-world canvas").wait_for()
+    shot(page, "06-job-world-2")
+
+    # Scale 2 -> 4 from the list while the job runs: check the row, "Scale containers", confirm.
     page.goto(f"{server.url}/clusters")
     row = page.locator("#clusters-body tr[data-cluster=tthvd]")
     row.get_by_label("Select cluster tthvd").check()
     page.get_by_role("button", name="Scale containers").click()
     panel = page.get_by_role("dialog", name="Scale containers")
     panel.get_by_label("Container count").fill("4")
-    shot(page, "06-scale-panel")
+    shot(page, "07-scale-panel")
     panel.get_by_role("button", name="Confirm").click()
     wait_for(lambda: row.locator(".containers").inner_text() == "4/4", 30, "4/4 containers in the list")
     assert row.locator("td[data-label=GPUs]").inner_text() == "4"
-    shot(page, "07-clusters-scaled")
+    shot(page, "08-clusters-scaled")
 
     page.get_by_role("link", name="tthvd").click()
     wait_for(lambda: _containers(page, "Running").count() == 4, 30, "4 Running containers")
     hostfile = page.locator("#hostfile")
     wait_for(lambda: hostfile.inner_text().count("slots=1") == 4, 20, "4 hosts in the hostfile")
     generation = page.locator("#hostfile-generation").inner_text()
-    found = re.search(r"\d+", generation)
-    assert found and int(found.group()) >= 2, generation
+    found_generation = re.search(r"\d+", generation)
+    assert found_generation and int(found_generation.group()) >= 2, generation
     assert "scaled 2 → 4 containers" in page.locator("#events-body").inner_text()
-    shot(page, "08-cluster-scaled")
+    shot(page, "09-cluster-scaled")
 
-    # The job saw the resize: world size 2 -> 4 on the chart, marked as a resize event.
+    # The running job grew into the new containers: world size 2 -> 4 on the chart, marked as resizes.
     page.goto(job_url)
     resizes = page.locator("#resize-list li")  # 2 -> 4, or 2 -> 3 -> 4 when the workers come up apart
-    resizes.filter(has_text=re.compile(r"world size \d → 4")).wait_for(timeout=30_000)
+    resizes.filter(has_text=re.compile(r"world size \d → 4")).wait_for(timeout=90_000)
     assert "world size 2 →" in resizes.first.inner_text()
-    page.locator("#job-log").filter(has_text="world 4").wait_for()
-    shot(page, "09-job-resized")
-
-    # The launcher terminal: a real shell in the container's root with its environment.
-    page.goto(f"{server.url}/clusters/tthvd/terminal")
-    page.get_by_text("Connected to the launcher container.").wait_for()
-    page.locator(".xterm").click()
-    page.keyboard.type("echo role=$ELASTRAIN_CONTAINER_ROLE workers=$(grep -c slots= etc/mpi/hostfile)\n")
-    page.locator(".xterm-rows").filter(has_text="role=launcher workers=4").wait_for()
-    shot(page, "10-terminal")
+    page.locator("#job-log").filter(has_text="formed: 4 workers").wait_for()
+    shot(page, "10-job-resized")
 
     # Phone width: the cluster page stacks its tables.
     phone = browser.new_context(viewport=PHONE)

@@ -69,7 +69,7 @@ document.addEventListener("DOMContentLoaded", () => {
       case "container.created": return `container ${d.container} created at ${d.address}`;
       case "container.running": return `container ${d.container} Running${d.adopted ? " (adopted)" : ""}`;
       case "container.failed": return `container ${d.container} failed${d.reason ? ": " + d.reason : ""}`;
-      case "hostfile.written": return `hostfile generation ${d.generation}: ${(d.hosts || []).length} worker(s)`;
+      case "hostfile.written": return `hostfile generation ${d.generation}: ${(d.hosts || []).length} host(s)`;
       case "job.submitted": return `job #${d.job} submitted: ${(d.command || []).join(" ")}`;
       default: {
         const rest = Object.entries(d).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`);
