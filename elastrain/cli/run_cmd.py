@@ -70,7 +70,7 @@ def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
     if args.checkpoint_dir is not None:
         if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
             raise ElastrainError(f"--checkpoint-dir {args.checkpoint_dir} is a file; give a directory")
-        env["ELASTRAIN_CHECKPOINT_DIR"] = str(args.checkpoint_dir.resolve())
+        env["ELASTRAIN_CHECKPOINT_DIR"] = str(args.checkpoint_dir.absolute())  # keep container links
         env["ELASTRAIN_CHECKPOINT_EVERY"] = str(args.checkpoint_every or 100)
         env["ELASTRAIN_CHECKPOINT_KEEP"] = str(args.checkpoint_keep)
         if args.checkpoint_interval:

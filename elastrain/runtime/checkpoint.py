@@ -18,6 +18,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,8 @@ class Checkpointer:
         self._buffers: dict[str, torch.Tensor] = {}
         self._last_step = 0
         self._last_time = time.monotonic()
+        # called on the writer thread after each publish: (directory, manifest, seconds the write took)
+        self.on_published: Callable[[Path, Manifest, float], None] | None = None
 
     def due(self, step: int) -> bool:
         """Is a save due after committed step count `step`?"""
@@ -192,6 +195,8 @@ class Checkpointer:
             _fsync_dir(directory)
             self._prune()
             self.stats.writes_s.append(time.perf_counter() - started)
+            if self.on_published is not None:
+                self.on_published(final, manifest, self.stats.writes_s[-1])
         except OSError as exc:
             self.stats.failed += 1
             shutil.rmtree(tmp, ignore_errors=True)

@@ -13,7 +13,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from elastrain.runtime.checkpoint import Manifest
 
 
 class ProgressReporter:
@@ -68,20 +72,38 @@ class ProgressReporter:
             self._latest["hosts"] = hosts
         self._wake.set()
 
+    def checkpoint(self, path: Path, manifest: Manifest, write_s: float) -> None:
+        """Tell the control plane a checkpoint was published (called on the checkpoint writer thread)."""
+        root = os.environ.get("ELASTRAIN_CONTAINER_ROOT", "")
+        shown = str(path)
+        if root and shown.startswith(root.rstrip("/") + "/"):  # as the container sees it
+            shown = "/" + shown[len(root.rstrip("/")) + 1 :]
+        report = {
+            "path": shown,
+            "step": manifest.step,
+            "epoch": manifest.epoch,
+            "world_size": manifest.world_size,
+            "bytes": manifest.size,
+            "write_s": round(write_s, 4),
+        }
+        self._post({"checkpoint": report})
+
+    def _post(self, body: dict[str, Any]) -> None:
+        request = urllib.request.Request(
+            self.endpoint,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "X-Job-Token": self._token},
+        )
+        try:
+            urllib.request.urlopen(request, timeout=5).close()
+        except (urllib.error.URLError, OSError):
+            pass  # the server may be restarting; training never waits for it
+
     def _send_loop(self) -> None:
         while True:
             self._wake.wait()
             self._wake.clear()
             body, self._latest = self._latest, None
-            if body is None:
-                continue
-            request = urllib.request.Request(
-                self.endpoint,
-                data=json.dumps(body).encode(),
-                method="POST",
-                headers={"Content-Type": "application/json", "X-Job-Token": self._token},
-            )
-            try:
-                urllib.request.urlopen(request, timeout=5).close()
-            except (urllib.error.URLError, OSError):
-                pass  # the server may be restarting; the next report carries the latest values
+            if body is not None:
+                self._post(body)  # a failed post is dropped: the next report carries the latest values

@@ -236,6 +236,8 @@ class State:
                     ctx.checkpoint_keep,
                 )
             )
+            if rt.rank == 0 and self._progress.enabled:  # the job page lists the checkpoints
+                self._checkpointer.on_published = self._progress.checkpoint
 
     def _resume(self, rt: Runtime) -> None:
         self._resumed = True

@@ -187,6 +187,16 @@ def create_app(services: Services, jobs: JobService) -> FastAPI:
         headers = {"X-Next-Offset": str(next_offset), "X-Job-Status": status}
         return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
+    @api.get(
+        "/jobs/{job_id}/checkpoints",
+        response_model=list[schemas.CheckpointOut],
+        responses=errors,
+        tags=["jobs"],
+    )
+    def job_checkpoints(job_id: int, user: Caller) -> list[schemas.CheckpointOut]:
+        """The checkpoints the job published (with --checkpoint-dir), newest first."""
+        return list(jobs.checkpoints(user, job_id))
+
     @api.post("/jobs/{job_id}/progress", status_code=204, responses=errors, tags=["jobs"])
     def report_progress(
         job_id: int, progress: schemas.JobProgress, x_job_token: Annotated[str, Header()] = ""

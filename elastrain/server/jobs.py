@@ -18,6 +18,7 @@ import shlex
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from elastrain.db.models import (
     Cluster,
     ContainerRole,
     ContainerState,
+    Event,
     Job,
     JobMetric,
     JobStatus,
@@ -240,8 +242,36 @@ class JobService:
             if job is None or not token or job.report_token_hash != hash_token(token):
                 raise Unauthorized("unknown job or wrong report token (ELASTRAIN_REPORT_TOKEN)")
             self._record(session, job, progress.model_dump())
+            if progress.checkpoint is not None:
+                cluster = session.get(Cluster, job.cluster_id)
+                detail = progress.checkpoint.model_dump()
+                add_event(
+                    session,
+                    "job",
+                    "job.checkpoint",
+                    cluster.name if cluster else "",
+                    job.owner_id,
+                    **detail,
+                    job=job.id,
+                )
         if progress.hosts is not None:
             self.membership.record(job_id, progress.hosts)
+
+    def checkpoints(self, user: User, job_id: int) -> Sequence[schemas.CheckpointOut]:
+        """The checkpoints the job reported, newest first."""
+        with self.db.session() as session:
+            job, cluster = self._job(session, user, job_id)
+            rows = session.scalars(
+                select(Event)
+                .where(Event.cluster == cluster, Event.action == "job.checkpoint")
+                .order_by(Event.id.desc())
+            )
+            out = []
+            for event in rows:
+                detail = json.loads(event.detail or "{}")
+                if detail.pop("job", None) == job.id:
+                    out.append(schemas.CheckpointOut(at=aware(event.at) or event.at, **detail))
+            return out
 
     @staticmethod
     def _record(session: Session, job: Job, values: dict[str, object]) -> None:

@@ -134,6 +134,24 @@ class JobSubmit(BaseModel):
     command: list[str] = Field(min_length=1)
 
 
+class CheckpointReport(BaseModel):
+    """A checkpoint the job published (path as the container sees it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1, max_length=4096)
+    step: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    world_size: int = Field(ge=0, le=1_000_000)
+    bytes: int = Field(ge=0)
+    write_s: float = Field(ge=0)
+
+
+class CheckpointOut(CheckpointReport):
+    """A checkpoint in a job's list, with when it was reported."""
+
+    at: datetime
+
+
 class JobProgress(BaseModel):
     """A progress report from a running job (every field optional)."""
 
@@ -146,6 +164,7 @@ class JobProgress(BaseModel):
     hosts: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] | None = Field(
         default=None, max_length=4096, description="the hosts the job trains on now (drains wait for it)"
     )
+    checkpoint: CheckpointReport | None = None
 
 
 class JobAttach(BaseModel):

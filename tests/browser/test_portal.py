@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 # The seed's command, typed in the launcher terminal: the example trains long enough to be scaled.
 RUN_EXAMPLE = (
     "elastrain run -v --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile --join-grace 1 "
+    "--checkpoint-dir /data/ckpt --checkpoint-every 40 "
     "python /data/mnist_elastic.py --epochs 200 --batch-size 250 --step-sleep 0.05"
 )
 
@@ -147,6 +148,8 @@ def test_create_scale_job_terminal_delete(
     resizes.filter(has_text=re.compile(r"world size \d → 4")).wait_for(timeout=90_000)
     assert "world size 2 →" in resizes.first.inner_text()
     page.locator("#job-log").filter(has_text="formed: 4 workers").wait_for()
+    page.locator("#checkpoints-body tr").first.wait_for()  # every 40 steps, listed as the container sees it
+    assert "/data/ckpt/ckpt-" in page.locator("#checkpoints-body").inner_text()
     shot(page, "10-job-resized")
 
     # Phone width: the cluster page stacks its tables.

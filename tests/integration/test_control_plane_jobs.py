@@ -185,7 +185,10 @@ def test_seed_flow_run_typed_in_the_launcher_becomes_a_reporting_job(cp: Control
             "seed", containers=2, gpus_per_container=1, mounts=[f"{examples}:/ex", f"{ledger}:/ld"]
         )
         c.wait_cluster("seed", settled(c, "seed"))
-        run = "elastrain run -np 2 --hostfile /etc/mpi/hostfile --ledger /ld/run python /ex/mnist_elastic.py"
+        run = (
+            "elastrain run -np 2 --hostfile /etc/mpi/hostfile --ledger /ld/run --checkpoint-dir /ld/ckpt "
+            "--checkpoint-every 15 python /ex/mnist_elastic.py"
+        )
         out = cp.cli("cluster", "exec", "seed", "--", *run.split(), "--epochs", "1", "--batch-size", "250")
         assert out.returncode == 0, out.stderr[-3000:]
         assert "epoch 0 done: world 2" in out.stdout + out.stderr
@@ -195,6 +198,11 @@ def test_seed_flow_run_typed_in_the_launcher_becomes_a_reporting_job(cp: Control
         assert (job["status"], job["exit_code"]) == ("Succeeded", 0)
         assert "epoch 0 done: world 2" in c.job_logs(job["id"])[0]  # the run's output is the job's log
         assert "job.attached" in [e["action"] for e in c.events("seed")]
+        saved = c.job_checkpoints(
+            job["id"]
+        )  # steps 15, 30 and the final one at 40, as the container sees them
+        assert [k["step"] for k in saved][:3] == [40, 30, 15], saved
+        assert all(k["path"].startswith("/ld/ckpt/ckpt-") and k["bytes"] > 0 for k in saved), saved
         c.delete_cluster("seed")
     report = build_report(ledger / "run", SAMPLES)
     assert [(e["samples"], e["duplicates"], e["missing"]) for e in report["epochs"]] == [(SAMPLES, 0, 0)]

@@ -106,6 +106,25 @@ document.addEventListener("DOMContentLoaded", () => {
     $("job-cancel").hidden = j.status !== "Running";
   }
 
+  function checkpointRow(c) {
+    const mb = (c.bytes / 1048576).toFixed(c.bytes < 10485760 ? 2 : 0) + " MB";
+    return el("tr", { "data-step": String(c.step) },
+      el("td", { "data-label": "Step" }, String(c.step)),
+      el("td", { "data-label": "Epoch" }, String(c.epoch)),
+      el("td", { "data-label": "World size" }, String(c.world_size)),
+      el("td", { "data-label": "Size" }, mb),
+      el("td", { "data-label": "Write time" }, c.write_s.toFixed(3) + " s"),
+      el("td", { "data-label": "Written" }, Portal.dateTime(c.at)),
+      el("td", { "data-label": "Path", class: "cmd" }, c.path));
+  }
+
+  async function checkpoints() {
+    const rows = await api("GET", `/jobs/${jobId}/checkpoints`);
+    $("checkpoints-empty").hidden = rows.length > 0;
+    $("checkpoints-table").hidden = rows.length === 0;
+    $("checkpoints-body").replaceChildren(...rows.map(checkpointRow));
+  }
+
   async function refresh() {
     let job;
     try {
@@ -126,7 +145,7 @@ document.addEventListener("DOMContentLoaded", () => {
       ];
     }
     showJob(job);
-    await Promise.all([metrics(), logs()]);
+    await Promise.all([metrics(), logs(), checkpoints()]);
     if (job.status !== "Running" && job.status !== "Pending") {
       if (finished) return false;  // one more round after the end, to catch the last lines
       finished = true;
