@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-portal test lint unit integration bench clean portal-deps slurm-deps
+.PHONY: install demo demo-cluster demo-portal test lint unit integration bench clean portal-deps slurm-deps
 
 install: $(STAMP)
 
@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: install
 	$(VENV)/bin/elastrain demo --json artifacts/demo.json
+
+demo-cluster: install
+	$(VENV)/bin/elastrain demo --cluster --json artifacts/demo-cluster.json
 
 demo-portal: install
 	scripts/demo_portal.sh

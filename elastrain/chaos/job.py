@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from elastrain.backends.procs import pid_alive
 from elastrain.errors import ConfigError
@@ -22,10 +22,16 @@ from elastrain.hostfile import Host, write_hostfile
 from elastrain.report import build_report, load_ledgers
 
 
+class Pollable(Protocol):
+    """A running job: `poll()` is None until it has ended (a Popen, or a control-plane job)."""
+
+    def poll(self) -> int | None: ...
+
+
 class JobWatcher:
     """Reads a running job's ledger and events as they grow."""
 
-    def __init__(self, ledger_dir: Path, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, ledger_dir: Path, proc: Pollable) -> None:
         self.dir = ledger_dir
         self.proc = proc
 

@@ -37,9 +37,19 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, help="write the report as JSON here")
     p.add_argument("--epochs", type=int, default=8, help="training epochs")
     p.add_argument("--workdir", type=Path, help="where the hostfile and ledger go (default: a temp dir)")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the seed's flow through the control plane: server, 2-container cluster, job, scale 2 -> 4, "
+        "kill -9 a worker, scale back, delete",
+    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.cluster:
+        from elastrain.demo_cluster import run_cluster_demo
+
+        return run_cluster_demo(json_path=args.json, epochs=min(args.epochs, 6), workdir=args.workdir)
     from elastrain.demo import run_demo
 
     return run_demo(json_path=args.json, epochs=args.epochs, workdir=args.workdir)

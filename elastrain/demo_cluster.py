@@ -1,0 +1,160 @@
+"""`elastrain demo --cluster`: the seed's flow through the control plane, start to finish.
+
+Starts `elastrain server` (SQLite, 8 virtual GPUs) in a temporary data dir, creates a 2-container
+Horovod cluster, submits the example job from the launcher (``elastrain run --min-np 2 --max-np 4
+--hostfile /etc/mpi/hostfile``), scales the cluster 2 -> 4 while it trains, kills one worker with
+``kill -9``, scales back to 2, waits for the job, checks every epoch consumed each sample exactly once
+(the workers' own ledgers), deletes the cluster and stops the server. Prints what it timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from elastrain.chaos.job import JobWatcher
+from elastrain.client import Client
+from elastrain.errors import ConfigError
+from elastrain.report import build_report, format_report
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TRAIN_SAMPLES = 10_000
+
+
+def _say(text: str) -> None:
+    print(f"\n=== demo --cluster: {text}", flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise ConfigError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+    return value
+
+
+class _ServerJob:
+    """A control-plane job seen as a process: `poll()` is None while it runs."""
+
+    def __init__(self, client: Client, job_id: int) -> None:
+        self.client, self.job_id = client, job_id
+
+    def poll(self) -> int | None:
+        job = self.client.get_job(self.job_id)
+        return None if job["status"] in ("Pending", "Running") else int(job["exit_code"] or 1)
+
+
+def _start_server(data: Path, mounts: Path, port: int) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "elastrain", "server", "--port", str(port), "--data-dir", str(data)]
+    argv += ["--gpus", "8", "--allow-mount", str(mounts)]
+    log = open(data.parent / "server.log", "ab")  # noqa: SIM115 - the server's own log, kept with the run
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_cluster_demo(json_path: Path | None, epochs: int = 6, workdir: Path | None = None) -> int:
+    """Run the control-plane demo; returns 0 when every check holds."""
+    if not (EXAMPLES / "mnist_elastic.py").exists():
+        raise ConfigError(f"{EXAMPLES} not found; run the demo from a checkout of the repository")
+    work = workdir or Path(tempfile.mkdtemp(prefix="elastrain-cluster-demo-"))
+    data, mounts = work / "data", work / "mounts"
+    examples, ledger = mounts / "examples", mounts / "examples" / "ledger"
+    examples.mkdir(parents=True, exist_ok=True)
+    for name in ("mnist_elastic.py", "mnist1d_data.py"):
+        shutil.copy(EXAMPLES / name, examples / name)
+    subprocess.run([sys.executable, str(examples / "mnist1d_data.py")], check=True, stdout=subprocess.DEVNULL)
+    port = _free_port()
+    data.mkdir(parents=True, exist_ok=True)
+    server = _start_server(data, mounts, port)
+    timings: dict[str, float] = {}
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait("the server's admin token", lambda: (data / "admin-token").exists(), 60)
+        with Client(url, (data / "admin-token").read_text().strip()) as c:
+            _wait("the server to answer", lambda: _answers(c), 60)
+            _say(f"server at {url}; data in {data}")
+            code = _flow(c, examples, ledger, epochs, timings)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    report = build_report(ledger, TRAIN_SAMPLES)
+    ok = code == 0 and all(
+        (e["samples"], e["duplicates"], e["missing"]) == (TRAIN_SAMPLES, 0, 0) for e in report["epochs"]
+    )
+    ok = ok and len(report["epochs"]) == epochs
+    report.update(job_exit_code=code, timings_s=timings, passed=ok, workdir=str(work))
+    _say("report")
+    print(format_report(report))
+    print("timings: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2))
+        print(f"report written to {json_path}")
+    return 0 if ok else 1
+
+
+def _answers(c: Client) -> bool:
+    try:
+        c.list_clusters()
+    except Exception:  # connection refused while it starts
+        return False
+    return True
+
+
+def _flow(c: Client, examples: Path, ledger: Path, epochs: int, timings: dict[str, float]) -> int:
+    def running(n: int) -> Callable[[Any], bool]:
+        return lambda k: k.state == "Running" and sum(x.state == "Running" for x in k.containers) == n
+
+    t0 = time.monotonic()
+    _say("cluster create tthvd --framework horovod --containers 2 --gpus-per-container 1")
+    c.create_cluster(
+        "tthvd", framework="horovod", containers=2, gpus_per_container=1, mounts=[f"{examples}:/examples"]
+    )
+    c.wait_cluster("tthvd", running(2), timeout=60)
+    timings["create -> 2 Running"] = time.monotonic() - t0
+    print(c.hostfile("tthvd"), end="")
+    run = "elastrain run -v --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile --join-grace 5"
+    run += " --ledger /examples/ledger"
+    train = f"python /examples/mnist_elastic.py --epochs {epochs} --step-sleep 0.02"
+    _say(f"job submit tthvd -- {run} {train}")
+    job = c.submit_job("tthvd", [*run.split(), *train.split()])
+    watcher = JobWatcher(ledger, _ServerJob(c, int(job["id"])))
+    watcher.wait_world(2, 20)
+    _say("cluster scale tthvd --containers 4 (while the job trains)")
+    t0 = time.monotonic()
+    c.scale_cluster("tthvd", 4)
+    _wait("4 hosts in the hostfile", lambda: c.hostfile("tthvd").count("slots=") == 4, 60)
+    timings["scale 2->4 -> hostfile updated"] = time.monotonic() - t0
+    generation = watcher.wait_world(4, 20)
+    timings["scale 2->4 -> job trains with 4"] = time.monotonic() - t0
+    victim = generation["members"][-1]
+    _say(f"kill -9 worker {victim['worker_id']} (pid {victim['pid']})")
+    os.kill(victim["pid"], signal.SIGKILL)
+    watcher.wait_world(3, 20)
+    _say("cluster scale tthvd --containers 2 (graceful scale-in)")
+    t0 = time.monotonic()
+    c.scale_cluster("tthvd", 2)
+    watcher.wait_world(2, 1)
+    _wait("2 containers", lambda: len(c.get_cluster("tthvd").containers) == 2, 60)
+    timings["scale 4->2 -> containers removed after their workers left"] = time.monotonic() - t0
+    done = _wait("the job to finish", lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 900)
+    _say(f"job {done['status']} (exit {done['exit_code']}); cluster delete tthvd")
+    c.delete_cluster("tthvd")
+    c.wait_deleted("tthvd", timeout=60)
+    return int(done["exit_code"] if done["exit_code"] is not None else 1)
