@@ -33,16 +33,16 @@ for _ in $(seq 1 100); do
 done
 TOKEN="$(cat "$DATA/server/admin-token")"
 export ELASTRAIN_URL="$URL" ELASTRAIN_TOKEN="$TOKEN"
-"$PY" -m elastrain cluster create demo --framework horovod --containers 3 --gpus-per-container 1 \
+"$PY" -m elastrain cluster create demo --framework horovod --containers 2 --gpus-per-container 1 \
   --shm 1Gi --mount "$DATA/examples:/examples" --wait
-"$PY" -m elastrain job submit demo -- elastrain run -v --min-np 1 --max-np 4 --hostfile /etc/mpi/hostfile \
+"$PY" -m elastrain job submit demo -- elastrain run -v --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile \
   --join-grace 1 python /examples/mnist_elastic.py --epochs 1000 --batch-size 256 --step-sleep 0.05
 
 cat <<MSG
 
   elastrain portal: $URL   (sign in with the API token below)
   token:            $TOKEN
-  cluster page:     $URL/clusters/demo   (scale it to 5 and watch the job's world size grow)
+  cluster page:     $URL/clusters/demo   (scale it to 4 and watch the job's world size grow 2 -> 4)
   data, logs:       $DATA
   Ctrl-C to stop.
 MSG
