@@ -30,6 +30,7 @@ from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, Mount
 from elastrain.backends.procs import cmdline, pid_alive, pids_with_env, terminate
+from elastrain.backends.shm import with_shm_limit
 from elastrain.hostfile import atomic_write_text
 
 HOSTFILE_PATH = "/etc/mpi/hostfile"
@@ -110,16 +111,9 @@ class LocalBackend(Backend):
         meta = {**asdict(spec), "pid": None, "started_at": time.time()}
         log = open(root / "var" / "log" / "container.log", "ab")  # noqa: SIM115 - handed to the child
         try:
+            init = [sys.executable, "-m", "elastrain.backends.container_proc", "--root", str(root)]
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "elastrain.backends.container_proc",
-                    "--root",
-                    str(root),
-                    "--address",
-                    spec.address,
-                ],
+                with_shm_limit([*init, "--address", spec.address], spec.shm_bytes),
                 cwd=root,
                 env={**os.environ, **env},
                 stdout=log,
@@ -220,6 +214,7 @@ class LocalBackend(Backend):
         env["PATH"] = os.pathsep.join(
             [bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p != bin_dir)]
         )
+        command = with_shm_limit(command, spec.shm_bytes)
         if log_path is None:
             return subprocess.Popen(
                 command,

@@ -63,7 +63,7 @@ def terminal_target(services: Services, user: User, name: str) -> TerminalTarget
     root = backend.container_path(spec.cluster, spec.name, "/")
     environment = getattr(backend, "environment", None)
     env = environment(spec) if callable(environment) else {}
-    return TerminalTarget(cwd=root, env=env, label=f"{spec.cluster}/{spec.name}")
+    return TerminalTarget(cwd=root, env=env, label=f"{spec.cluster}/{spec.name}", shm_bytes=spec.shm_bytes)
 
 
 def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from elastrain.backends.shm import with_shm_limit
+
 if TYPE_CHECKING:
     from fastapi import WebSocket
 
@@ -34,6 +36,7 @@ class TerminalTarget:
     cwd: Path
     env: dict[str, str]
     label: str
+    shm_bytes: int = 0  # the container's /dev/shm size (enforced where the OS allows)
 
 
 def _shell() -> list[str]:
@@ -84,7 +87,7 @@ class TerminalSession:
                 [bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p != bin_dir)]
             )
             proc = subprocess.Popen(
-                _shell(),
+                with_shm_limit(_shell(), target.shm_bytes),
                 cwd=target.cwd,
                 env=env,
                 stdin=slave,

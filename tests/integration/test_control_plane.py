@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from elastrain.backends.procs import pid_alive
+from elastrain.backends.shm import shm_limit_supported
 from elastrain.client import Client, ClientError, ClusterInfo
 
 pytestmark = pytest.mark.timeout(120)
@@ -367,9 +368,12 @@ def test_cluster_lifecycle(cp: ControlPlane) -> None:
             "--",
             "sh",
             "-c",
-            "cat /etc/mpi/hostfile; cat /data/hello.txt; echo gpus=$ELASTRAIN_VISIBLE_GPUS; exit 3",
+            "cat /etc/mpi/hostfile; cat /data/hello.txt; echo gpus=$ELASTRAIN_VISIBLE_GPUS; "
+            "echo shm=$(df -k /dev/shm | tail -1 | awk '{print $2}'); exit 3",
         )
         assert out.returncode == 3 and text in out.stdout and "hi\n" in out.stdout and "gpus=0" in out.stdout
+        if shm_limit_supported():  # root: the container's /dev/shm is a tmpfs of --shm 1Gi, as in docker
+            assert "shm=1048576\n" in out.stdout, out.stdout
 
         t0 = time.monotonic()
         assert cp.cli("cluster", "scale", "tthvd", "--containers", "4").returncode == 0
