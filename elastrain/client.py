@@ -120,6 +120,7 @@ class ClusterInfo:
             "priority": self.priority,
             "size_reason": self.size_reason,
             "hostfile_generation": self.hostfile_generation,
+            "launch_hint": self.raw.get("launch_hint", ""),
         }
 
     def running(self, role: str | None = None) -> list[ContainerInfo]:
