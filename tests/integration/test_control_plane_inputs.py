@@ -137,6 +137,8 @@ ROUTES = [
     ("DELETE", "/jobs/{}"),
     ("GET", "/jobs/{}/logs"),
     ("POST", "/jobs/{}/progress"),
+    ("GET", "/jobs/{}/checkpoints"),
+    ("POST", "/jobs/attach?{}"),
     ("POST", "/users"),
 ]
 
@@ -153,7 +155,20 @@ def test_fuzzed_requests_on_every_route_never_5xx(cp: ControlPlane) -> None:
     bodies = st.one_of(
         scalars,
         st.dictionaries(
-            st.sampled_from(["containers", "command", "name", "step", "loss", "container", "admin"]),
+            st.sampled_from(
+                [
+                    "containers",
+                    "command",
+                    "name",
+                    "step",
+                    "loss",
+                    "container",
+                    "admin",
+                    "hosts",
+                    "checkpoint",
+                    "pid",
+                ]
+            ),
             st.one_of(scalars, st.lists(scalars, max_size=3)),
             max_size=3,
         ),
@@ -171,3 +186,13 @@ def test_fuzzed_requests_on_every_route_never_5xx(cp: ControlPlane) -> None:
         assert response.status_code < 500, (method, path, body, response.text)
 
     check()
+
+
+def test_attach_needs_a_terminal_token(cp: ControlPlane) -> None:
+    import httpx
+
+    sqlite_only(cp)
+    body = {"command": ["elastrain", "run", "true"], "pid": 1}
+    for token in ("", "not-a-token", cp.token):  # not even the admin's API token: only a shell's own token
+        response = httpx.post(f"{cp.url}/api/v1/jobs/attach", json=body, headers={"X-Attach-Token": token})
+        assert response.status_code == 401 and "ELASTRAIN_ATTACH_TOKEN" in response.json()["error"]
