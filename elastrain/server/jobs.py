@@ -103,17 +103,7 @@ class JobService:
             if launcher is None or launcher.state != ContainerState.Running:
                 raise Conflict(f"cluster {name!r} has no Running launcher yet; wait for it and retry")
             spec = container_spec(cluster, launcher, self.inventory.real)
-            job = Job(
-                cluster_id=cluster.id,
-                owner_id=user.id,
-                command=json.dumps(req.command),
-                status=JobStatus.Running,
-                report_token_hash=hash_token(token),
-            )
-            session.add(job)
-            session.flush()
-            log_path = self.backend.container_path(spec.cluster, spec.name, f"/var/log/jobs/{job.id}.log")
-            log_path.parent.mkdir(parents=True, exist_ok=True)
+            job, log_path = self._new_job(session, cluster, launcher.name, user, req.command, token)
             hostfile = self.backend.container_path(spec.cluster, spec.name, HOSTFILE_PATH)
             mounts = {
                 m.target: self.backend.container_path(spec.cluster, spec.name, m.target) for m in spec.mounts
@@ -134,11 +124,29 @@ class JobService:
                 *command,
             ]
             spec = dataclasses.replace(spec, env={**spec.env, **env})
-            log_path.write_text(f"$ {shlex.join(req.command)}\n")
             proc = self.backend.exec(spec, wrapped, log_path=log_path)
-            job.pid, job.log_path = proc.pid, str(log_path)
+            job.pid = proc.pid
             add_event(session, user.name, "job.submitted", name, user.id, job=job.id, command=req.command)
             return job_out(job, cluster.name)
+
+    def _new_job(
+        self, session: Session, cluster: Cluster, launcher: str, user: User, command: list[str], token: str
+    ) -> tuple[Job, Path]:
+        """A Running job row with its report token, and its log file (headed by the command) in `launcher`."""
+        job = Job(
+            cluster_id=cluster.id,
+            owner_id=user.id,
+            command=json.dumps(command),
+            status=JobStatus.Running,
+            report_token_hash=hash_token(token),
+        )
+        session.add(job)
+        session.flush()
+        log_path = self.backend.container_path(cluster.name, launcher, f"/var/log/jobs/{job.id}.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(f"$ {shlex.join(command)}\n")
+        job.log_path = str(log_path)
+        return job, log_path
 
     def attach_env(self, user: User, cluster: str) -> dict[str, str]:
         """Environment for a shell in `cluster`'s launcher: an ``elastrain run`` typed there becomes a job.
@@ -165,20 +173,8 @@ class JobService:
             launcher = next((k for k in cluster.containers if k.role == ContainerRole.launcher), None)
             if launcher is None:
                 raise Conflict(f"cluster {cluster.name!r} has no launcher container")
-            job = Job(
-                cluster_id=cluster.id,
-                owner_id=user.id,
-                command=json.dumps(req.command),
-                status=JobStatus.Running,
-                report_token_hash=hash_token(report_token),
-                pid=req.pid,
-            )
-            session.add(job)
-            session.flush()
-            log_path = self.backend.container_path(cluster.name, launcher.name, f"/var/log/jobs/{job.id}.log")
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_path.write_text(f"$ {shlex.join(req.command)}\n")
-            job.log_path = str(log_path)
+            job, log_path = self._new_job(session, cluster, launcher.name, user, req.command, report_token)
+            job.pid = req.pid
             add_event(
                 session, user.name, "job.attached", cluster.name, user.id, job=job.id, command=req.command
             )
