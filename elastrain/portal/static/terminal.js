@@ -3,7 +3,8 @@
 document.addEventListener("DOMContentLoaded", () => {
   const name = document.body.dataset.cluster;
   const status = document.getElementById("term-status");
-  const term = new Terminal({ cursorBlink: true, fontSize: 14, convertEol: false, scrollback: 5000 });
+  // lineHeight > 1: at 1.0 the DOM renderer clips underscores at the bottom of the cell
+  const term = new Terminal({ cursorBlink: true, fontSize: 14, lineHeight: 1.15, convertEol: false, scrollback: 5000 });
   const fit = new FitAddon.FitAddon();
   term.loadAddon(fit);
   term.open(document.getElementById("terminal"));
