@@ -17,7 +17,9 @@ from typing import Any
 
 from elastrain.backends.procs import pid_alive
 from elastrain.chaos.job import EXAMPLE, ElasticJob, hosts
+from elastrain.chaos.netns import NetHosts, NetnsUnavailable
 from elastrain.chaos.scenarios import Fault, FaultKind, Scenario
+from elastrain.hostfile import Host
 
 EPOCHS = 3
 TRAINING = ("--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05")
@@ -79,6 +81,7 @@ class ChaosRunner:
         self.workdir = workdir
         self.log = log
         self._reference: dict[str, Any] | None = None
+        self._net: NetHosts | None = None
 
     def say(self, text: str) -> None:
         print(f"chaos: {text}", file=self.log, flush=True)
@@ -101,12 +104,30 @@ class ChaosRunner:
         return self._reference
 
     def run(self, scenario: Scenario) -> dict[str, Any]:
-        """Run one scenario; returns its figures and `passed`."""
+        """Run one scenario; returns its figures and `passed`. Every process, mount and link is removed."""
         reference = self.reference()
         work = self.workdir / scenario.name
         work.mkdir(parents=True, exist_ok=True)
+        jobs: list[ElasticJob] = []
+        try:
+            return self._run(scenario, work, reference, jobs)
+        finally:
+            for j in jobs:
+                j.cleanup()
+            self._teardown_network()
+            if scenario.small_disk:
+                subprocess.run(["umount", str(work / "ckpt")], capture_output=True, check=False)
+
+    def _run(
+        self, scenario: Scenario, work: Path, reference: dict[str, Any], jobs: list[ElasticJob]
+    ) -> dict[str, Any]:
         params = work / "params.pt"
         args = list(scenario.run_args)
+        job_hosts = hosts(scenario.hosts)
+        if scenario.netns:
+            self._net = self._network(scenario.hosts)
+            job_hosts = [Host(self._net.address(i), 1) for i in range(scenario.hosts)]
+            args += ["--coordinator-host", self._net.gateway, "--agent-wrapper", self._net.agent_wrapper]
         if scenario.small_disk:
             self._mount_small_disk(work / "ckpt")
         if scenario.checkpoints:
@@ -118,37 +139,37 @@ class ChaosRunner:
         slow.touch()  # slow steps while the faults are injected, full speed after
         command = example_command(params, slow_while=slow)
         self.say(f"{scenario.name}: starting")
-        job = ElasticJob(work, hosts(scenario.hosts), args, command, env=env)
-        jobs = [job]
+        job = ElasticJob(work, job_hosts, args, command, env=env)
+        jobs.append(job)
         fault_at = 0.0
+        for fault in scenario.faults:
+            at = self._inject(job, fault, work)
+            fault_at = fault_at or at
+        if scenario.restart:
+            job.wait(timeout=60)
+            if not scenario.restart_args:  # nobody adopts the workers: wait for them to give up
+                self._wait_gone(job.known_pids() - {job.proc.pid}, timeout=120)
+            again = [*args, *scenario.restart_args]
+            self.say(
+                f"{scenario.name}: starting again ({' '.join(scenario.restart_args) or '--resume auto'})"
+            )
+            job = ElasticJob(work, job_hosts, again, command, fresh_log=False, env=env)
+            jobs.append(job)
+        slow.unlink(missing_ok=True)
+        code = job.wait(timeout=600)
+        return self._judge(scenario, job, code, fault_at, reference, params)
+
+    @staticmethod
+    def _network(count: int) -> NetHosts:
         try:
-            for fault in scenario.faults:
-                at = self._inject(job, fault, work)
-                fault_at = fault_at or at
-            if scenario.restart:
-                job.wait(timeout=60)
-                if not scenario.restart_args:  # nobody adopts the workers: wait for them to give up
-                    self._wait_gone(job.known_pids() - {job.proc.pid}, timeout=120)
-                self.say(
-                    f"{scenario.name}: starting again ({' '.join(scenario.restart_args) or '--resume auto'})"
-                )
-                job = ElasticJob(
-                    work,
-                    hosts(scenario.hosts),
-                    [*args, *scenario.restart_args],
-                    command,
-                    fresh_log=False,
-                    env=env,
-                )
-                jobs.append(job)
-            slow.unlink(missing_ok=True)
-            code = job.wait(timeout=600)
-            return self._judge(scenario, job, code, fault_at, reference, params)
-        finally:
-            for j in jobs:
-                j.cleanup()
-            if scenario.small_disk:
-                subprocess.run(["umount", str(work / "ckpt")], capture_output=True, check=False)
+            return NetHosts(count).setup()
+        except NetnsUnavailable as exc:
+            raise ChaosSkipped(str(exc)) from exc
+
+    def _teardown_network(self) -> None:
+        if self._net is not None:
+            self._net.teardown()
+            self._net = None
 
     @staticmethod
     def _wait_gone(pids: set[int], timeout: float) -> None:
@@ -196,15 +217,19 @@ class ChaosRunner:
             self.say(f"SIGSTOP worker {victim['worker_id']} (pid {victim['pid']})")
             _kill([victim["pid"]], signal.SIGSTOP)
             try:
-                job.watcher.wait(
-                    "the hung worker to be dropped",
-                    lambda: (
-                        victim["worker_id"]
-                        not in {m["worker_id"] for m in job.watcher.generations()[-1]["members"]}
-                    ),
-                )
+                self._wait_dropped(job, victim)
             finally:
                 _kill([victim["pid"]], signal.SIGCONT)
+        elif fault.kind == FaultKind.PARTITION_HOST:
+            assert self._net is not None, "partition-host needs a scenario with netns=True"
+            index = self._net.index(victim["host"])
+            self.say(f"partition host {victim['host']} (bridge port {self._net.port(index)} down)")
+            self._net.partition(index)
+            try:
+                self._wait_dropped(job, victim)
+            finally:
+                self._net.heal(index)
+            self.say(f"host {victim['host']} reconnected")
         elif fault.kind == FaultKind.KILL_AGENT:
             agents = {e["host"]: e["pid"] for e in job.events() if e.get("event") == "agent"}
             self.say(f"kill -9 the agent of {victim['host']} (pid {agents[victim['host']]})")
@@ -216,6 +241,15 @@ class ChaosRunner:
             self.say("kill -9 the launcher, every agent and every worker")
             _kill(job.known_pids())
         return now
+
+    @staticmethod
+    def _wait_dropped(job: ElasticJob, victim: dict[str, Any]) -> None:
+        job.watcher.wait(
+            f"worker {victim['worker_id']} to be dropped",
+            lambda: (
+                victim["worker_id"] not in {m["worker_id"] for m in job.watcher.generations()[-1]["members"]}
+            ),
+        )
 
     def _judge(
         self,

@@ -18,6 +18,7 @@ class FaultKind(str, enum.Enum):
     KILL_ALL = "kill-all"  # SIGKILL the launcher, every agent and every worker
     CORRUPT_CHECKPOINT = "corrupt-checkpoint"  # truncate the newest durable checkpoint
     FILL_DISK = "fill-disk"  # fill the checkpoint file system (a small tmpfs) to the last byte
+    PARTITION_HOST = "partition-host"  # cut one host off the network until it is dropped, then reconnect
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Scenario:
     restart: bool = False
     checkpoints: bool = False
     small_disk: bool = False  # checkpoints go to a small tmpfs (needs root; skipped otherwise)
+    netns: bool = False  # every host in its own network namespace on a private bridge (needs root)
     restart_args: tuple[str, ...] = ()  # extra flags for the second start (e.g. --rejoin)
     expect_exit: int = 0  # what the first run's launcher should exit with when not killed
     notes: str = ""
@@ -59,6 +61,14 @@ SCENARIOS: dict[str, Scenario] = {
             (Fault(FaultKind.STOP_WORKER, 40),),
         ),
         Scenario("kill-agent", 3, _ELASTIC, (Fault(FaultKind.KILL_AGENT, 40),)),
+        Scenario(
+            "partition-host",
+            3,
+            (*_ELASTIC, "--heartbeat-timeout", "3", "--join-grace", "1"),
+            (Fault(FaultKind.PARTITION_HOST, 40),),
+            netns=True,
+            notes="the host's bridge port goes down: dropped on missed heartbeats, fenced when it is back",
+        ),
         Scenario(
             "kill-coordinator",
             2,
