@@ -334,7 +334,9 @@ class Coordinator:
             log.info("generation %d pending: %s", self.generation.number + 1, cause.value)
             for member in self.generation.members:
                 worker = self.workers[member.worker_id]
-                if worker.peer is not None and worker.state in _MEMBER:
+                # not to STOPPED members: they already asked to join, and a late push would make them
+                # stop again right after being admitted (one needless generation per step, forever)
+                if worker.peer is not None and worker.state in (WorkerState.ACTIVE, WorkerState.LEAVING):
                     worker.peer.push("pending", generation=self.generation.number + 1, cause=cause.value)
         elif self.pending == Cause.SCALE_OUT and cause != Cause.SCALE_OUT:
             self.pending = cause  # report the more important reason
@@ -616,9 +618,10 @@ class Coordinator:
                             "worker %s missed heartbeats for %.0fs", worker.worker_id, now - worker.last_seen
                         )
                         self._fault_at = time.time() - (now - worker.last_seen)
+                        fenced_from = self.generation.number if self.generation is not None else 0
                         self._mark_dead(worker, Cause.HEARTBEAT_LOSS)
                         if worker.peer is not None:
-                            worker.peer.push("fenced", reason="missed heartbeats")
+                            worker.peer.push("fenced", reason="missed heartbeats", generation=fenced_from + 1)
                 self._reconcile()
 
     def abort(self, message: str) -> None:
