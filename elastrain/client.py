@@ -308,6 +308,10 @@ class Client:
         """Stop a running job."""
         return dict(self._request("DELETE", f"/jobs/{job_id}").json())
 
+    def job_events(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's events, incidents (generation changes) included."""
+        return list(self._request("GET", f"/jobs/{job_id}/events").json())
+
     def job_logs(self, job_id: int, offset: int = 0) -> tuple[str, int, str]:
         """(text from `offset`, next offset, job status)."""
         response = self._request("GET", f"/jobs/{job_id}/logs", params={"offset": offset})

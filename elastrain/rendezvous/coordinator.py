@@ -112,6 +112,7 @@ class Coordinator:
         self._started_at = time.monotonic()
         self.history: list[dict[str, Any]] = []
         self.incidents = IncidentLog()
+        self.on_incident: Callable[[dict[str, Any]], None] | None = None  # a generation's first step done
         self._fault_at: float | None = None
         self.server = RpcServer(bind_host, port, token, self._on_message, self._on_close)
         self.address = self.server.address
@@ -227,6 +228,8 @@ class Coordinator:
         )
         if incident is not None:
             self._record({"event": "incident", **incident.to_dict()})
+            if self.on_incident is not None:
+                self.on_incident(incident.to_dict())
 
     def _handle_worker_started(self, peer: Peer, msg: Message) -> None:
         worker = self.workers.get(str(msg.get("worker_id")))
