@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from elastrain.backends.procs import pid_alive
-from elastrain.chaos.job import EXAMPLE, ElasticJob, hosts
+from elastrain.chaos.job import EXAMPLE, ElasticJob, LedgerRecords, hosts
 from elastrain.chaos.netns import NetHosts, NetnsUnavailable
 from elastrain.chaos.scenarios import Fault, FaultKind, Scenario
 from elastrain.hostfile import Host
@@ -26,14 +26,16 @@ TRAINING = ("--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05")
 TOLERANCE = 1e-5
 
 
-def example_command(params_out: Path, sleep: float = 0.03, slow_while: Path | None = None) -> list[str]:
+def example_command(
+    params_out: Path, sleep: float = 0.03, slow_while: Path | None = None, epochs: int = EPOCHS
+) -> list[str]:
     """The example job every scenario runs (slowed by `sleep` per step while `slow_while` exists)."""
     slow = ["--slow-while", str(slow_while)] if slow_while is not None else []
     return [
         "python",
         str(EXAMPLE),
         "--epochs",
-        str(EPOCHS),
+        str(epochs),
         "--step-sleep",
         str(sleep),
         *slow,
@@ -82,6 +84,7 @@ class ChaosRunner:
         self.log = log
         self._reference: dict[str, Any] | None = None
         self._net: NetHosts | None = None
+        self.epochs = EPOCHS  # the soak trains longer (its reference run too)
 
     def say(self, text: str) -> None:
         print(f"chaos: {text}", file=self.log, flush=True)
@@ -94,7 +97,8 @@ class ChaosRunner:
             work = self.workdir / "reference"
             work.mkdir(parents=True, exist_ok=True)
             self.say("fault-free reference run")
-            job = ElasticJob(work, hosts(2), ["-np", "2"], example_command(work / "params.pt", sleep=0.0))
+            command = example_command(work / "params.pt", sleep=0.0, epochs=self.epochs)
+            job = ElasticJob(work, hosts(2), ["-np", "2"], command)
             try:
                 if job.wait(timeout=600) != 0:
                     raise RuntimeError(f"the reference run failed:\n{job.output()[-2000:]}")
@@ -108,6 +112,10 @@ class ChaosRunner:
         reference = self.reference()
         work = self.workdir / scenario.name
         work.mkdir(parents=True, exist_ok=True)
+        if scenario.control_plane:
+            from elastrain.chaos.control_plane import run_kill_server
+
+            return run_kill_server(self, scenario, work, reference)
         jobs: list[ElasticJob] = []
         try:
             return self._run(scenario, work, reference, jobs)
@@ -157,7 +165,7 @@ class ChaosRunner:
             jobs.append(job)
         slow.unlink(missing_ok=True)
         code = job.wait(timeout=600)
-        return self._judge(scenario, job, code, fault_at, reference, params)
+        return self.judge(scenario, job, code, fault_at, reference, params)
 
     @staticmethod
     def _network(count: int) -> NetHosts:
@@ -251,21 +259,22 @@ class ChaosRunner:
             ),
         )
 
-    def _judge(
+    def judge(
         self,
         scenario: Scenario,
-        job: ElasticJob,
+        job: LedgerRecords,
         code: int,
         fault_at: float,
         reference: dict[str, Any],
         params: Path,
     ) -> dict[str, Any]:
+        """The scenario's figures and whether its promises held (finished, exactly once, parameters)."""
         import torch
 
         report = job.report()
         epochs = report["epochs"]
         duplicates = sum(e["duplicates"] for e in epochs)
-        missing = sum(e["missing"] for e in epochs) + 10_000 * max(0, EPOCHS - len(epochs))
+        missing = sum(e["missing"] for e in epochs) + 10_000 * max(0, self.epochs - len(epochs))
         diff = float("inf")
         if params.exists():
             final = torch.load(params)
@@ -299,7 +308,7 @@ class ChaosRunner:
         return result
 
     @staticmethod
-    def _first_commit_after(job: ElasticJob, when: float, exclude_run: str | None = None) -> float | None:
+    def _first_commit_after(job: LedgerRecords, when: float, exclude_run: str | None = None) -> float | None:
         from elastrain.report import load_ledgers
 
         times = [

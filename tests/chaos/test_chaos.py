@@ -43,6 +43,9 @@ def test_scenario(runner: ChaosRunner, name: str) -> None:
         assert after == (3, "scale_out"), result
         assert len(result["generations"]) <= 4, result  # no needless generations after the rejoin
         assert result["detect_s"] < 3 + 2, result  # within --heartbeat-timeout 3 (plus the tick)
+    if name == "kill-server":  # trained on without the server; the restarted one got the late incident
+        assert result["containers_adopted"], result
+        assert (1, "worker_failure") in result["incidents_in_api"], result
     if name == "fill-disk":
         assert "not written" in (runner.workdir / name / "job.log").read_text()
     assert result["passed"]
