@@ -133,6 +133,7 @@ def parse_scenarios(spec: str) -> list[Scenario]:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown or not names:
         raise ConfigError(
-            f"unknown scenario {', '.join(unknown) or spec!r}; choose from {', '.join(SCENARIOS)}, all"
+            f"unknown scenario {', '.join(unknown) or spec!r}; "
+            f"choose from {', '.join(SCENARIOS)}, all (or soak alone)"
         )
     return [SCENARIOS[n] for n in names]
