@@ -82,30 +82,38 @@ class ChaosRunner:
     def __init__(self, workdir: Path, log: Any = sys.stderr) -> None:
         self.workdir = workdir
         self.log = log
-        self._reference: dict[str, Any] | None = None
+        self._reference: dict[int, dict[str, Any]] = {}
         self._net: NetHosts | None = None
         self.epochs = EPOCHS  # the soak trains longer (its reference run too)
 
     def say(self, text: str) -> None:
         print(f"chaos: {text}", file=self.log, flush=True)
 
-    def reference(self) -> dict[str, Any]:
-        """Final parameters of a fault-free constant 2-worker run."""
-        if self._reference is None:
+    def reference(self, world: int = 2) -> dict[str, Any]:
+        """Final parameters of a fault-free run at a constant `world` workers (made once, then reused)."""
+        if world not in self._reference:
             import torch
 
-            work = self.workdir / "reference"
+            work = self.workdir / ("reference" if world == 2 else f"reference-{world}")
             work.mkdir(parents=True, exist_ok=True)
-            self.say("fault-free reference run")
+            self.say(f"fault-free reference run ({world} workers)")
             command = example_command(work / "params.pt", sleep=0.0, epochs=self.epochs)
-            job = ElasticJob(work, hosts(2), ["-np", "2"], command)
+            job = ElasticJob(work, hosts(world), ["-np", str(world)], command)
             try:
-                if job.wait(timeout=600) != 0:
+                if job.wait(timeout=900) != 0:
                     raise RuntimeError(f"the reference run failed:\n{job.output()[-2000:]}")
             finally:
                 job.cleanup()
-            self._reference = torch.load(work / "params.pt")
-        return self._reference
+            self._reference[world] = torch.load(work / "params.pt")
+        return self._reference[world]
+
+    @staticmethod
+    def param_diff(reference: dict[str, Any], final: dict[str, Any]) -> float:
+        """Largest per-tensor relative difference."""
+        return max(
+            ((ref - final[name]).norm() / ref.norm().clamp_min(1e-12)).item()
+            for name, ref in reference.items()
+        )
 
     def run(self, scenario: Scenario) -> dict[str, Any]:
         """Run one scenario; returns its figures and `passed`. Every process, mount and link is removed."""
@@ -267,6 +275,7 @@ class ChaosRunner:
         fault_at: float,
         reference: dict[str, Any],
         params: Path,
+        tolerance: float = TOLERANCE,
     ) -> dict[str, Any]:
         """The scenario's figures and whether its promises held (finished, exactly once, parameters)."""
         import torch
@@ -275,13 +284,7 @@ class ChaosRunner:
         epochs = report["epochs"]
         duplicates = sum(e["duplicates"] for e in epochs)
         missing = sum(e["missing"] for e in epochs) + 10_000 * max(0, self.epochs - len(epochs))
-        diff = float("inf")
-        if params.exists():
-            final = torch.load(params)
-            diff = max(
-                ((ref - final[name]).norm() / ref.norm().clamp_min(1e-12)).item()
-                for name, ref in reference.items()
-            )
+        diff = self.param_diff(reference, torch.load(params)) if params.exists() else float("inf")
         incidents = [e for e in job.events() if e.get("event") == "incident" and e["cause"] != "start"]
         after = [
             g
@@ -293,7 +296,7 @@ class ChaosRunner:
         resumed = scenario.restart and not scenario.restart_args  # a new run had to take over
         first_step = self._first_commit_after(job, fault_at, exclude_run=first_run if resumed else None)
         result = {
-            "passed": code == 0 and duplicates == 0 and missing == 0 and diff < TOLERANCE,
+            "passed": code == 0 and duplicates == 0 and missing == 0 and diff < tolerance,
             "exit_code": code,
             "detect_s": detect,
             "recover_s": round(first_step - fault_at, 3) if first_step else None,
