@@ -72,6 +72,10 @@ def _free_port() -> int:
     raise RuntimeError("no two free adjacent ports")
 
 
+def _adopted(job: ElasticJob) -> bool:
+    return any(e.get("event") == "adopted" for e in job.events())
+
+
 class ChaosSkipped(Exception):
     """A scenario that this machine cannot run (e.g. not root); the message says why."""
 
@@ -171,6 +175,9 @@ class ChaosRunner:
             )
             job = ElasticJob(work, job_hosts, again, command, fresh_log=False, env=env)
             jobs.append(job)
+            if scenario.restart_args:  # full speed only once adopted: else the job may end before that
+                new = job
+                new.watcher.wait("the running job to be adopted", lambda: _adopted(new))
         slow.unlink(missing_ok=True)
         code = job.wait(timeout=600)
         return self.judge(scenario, job, code, fault_at, reference, params)
