@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-cluster demo-portal test lint unit integration bench clean portal-deps slurm-deps
+.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps
 
 install: $(STAMP)
 
@@ -48,6 +48,11 @@ slurm-deps:
 
 test: lint portal-deps slurm-deps
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+
+# 50 random faults (seeded: SEED=N reproduces a schedule) in one long run of the example; not in `make test`
+SEED ?= $(shell date +%s)
+soak: install
+	$(VENV)/bin/elastrain chaos --scenario soak --faults 50 --seed $(SEED) --json artifacts/soak.json
 
 bench: install
 	$(PY) bench/vs_torchrun.py --json artifacts/bench.json

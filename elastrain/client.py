@@ -313,6 +313,10 @@ class Client:
         """The job's checkpoints (step, epoch, world_size, bytes, write_s, path, at), newest first."""
         return list(self._request("GET", f"/jobs/{job_id}/checkpoints").json())
 
+    def job_events(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's events, incidents (generation changes) included."""
+        return list(self._request("GET", f"/jobs/{job_id}/events").json())
+
     def job_logs(self, job_id: int, offset: int = 0) -> tuple[str, int, str]:
         """(text from `offset`, next offset, job status)."""
         response = self._request("GET", f"/jobs/{job_id}/logs", params={"offset": offset})

@@ -31,9 +31,9 @@ class Pollable(Protocol):
 class JobWatcher:
     """Reads a running job's ledger and events as they grow."""
 
-    def __init__(self, ledger_dir: Path, proc: Pollable) -> None:
+    def __init__(self, ledger_dir: Path, proc: Pollable | None) -> None:
         self.dir = ledger_dir
-        self.proc = proc
+        self.proc = proc  # None: a job this process did not start (e.g. one submitted to a server)
 
     def generations(self) -> list[dict[str, Any]]:
         path = self.dir / "events.jsonl"
@@ -49,6 +49,11 @@ class JobWatcher:
                 out.append(record)
         return out
 
+    def committed(self) -> int:
+        """Steps committed so far (the newest committed step + 1), over every generation."""
+        steps = [r["s"] for records in load_ledgers(self.dir).values() for r in records if r["k"] == "c"]
+        return max(steps) + 1 if steps else 0
+
     def commits_in(self, generation: int) -> int:
         steps: set[int] = set()
         for records in load_ledgers(self.dir).values():
@@ -58,7 +63,7 @@ class JobWatcher:
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while not predicate():
-            if self.proc.poll() is not None:
+            if self.proc is not None and self.proc.poll() is not None:
                 raise ConfigError(f"the job ended before {what}; see its output above")
             if time.monotonic() > deadline:
                 raise ConfigError(f"timed out after {timeout:.0f}s waiting for {what}")
@@ -89,7 +94,33 @@ def hosts(n: int, first: int = 2) -> list[Host]:
     return [Host(f"127.0.0.{i}", 1) for i in range(first, first + n)]
 
 
-class ElasticJob:
+class LedgerRecords:
+    """What a job left in its ledger directory: coordinator events, the report, the PIDs it used."""
+
+    def __init__(self, ledger: Path) -> None:
+        self.ledger = ledger
+
+    def events(self) -> list[dict[str, Any]]:
+        """All coordinator events."""
+        path = self.ledger / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def report(self) -> dict[str, Any]:
+        """The ledger-derived report."""
+        return build_report(self.ledger, TRAIN_SAMPLES)
+
+    def known_pids(self) -> set[int]:
+        """Every agent and worker PID the job recorded."""
+        pids = set()
+        for event in self.events():
+            if event.get("event") == "agent":
+                pids.add(int(event["pid"]))
+            for member in event.get("members", []):
+                pids.add(int(member["pid"]))
+        return {p for p in pids if p > 0}
+
+
+class ElasticJob(LedgerRecords):
     """One `elastrain run` of the example (or any command) in `workdir`."""
 
     def __init__(
@@ -102,8 +133,8 @@ class ElasticJob:
         env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
+        super().__init__(workdir / "ledger")
         self.hostfile = workdir / "hostfile"
-        self.ledger = workdir / "ledger"
         self.generation = 1
         write_hostfile(self.hostfile, initial_hosts, self.generation)
         argv = [
@@ -147,24 +178,9 @@ class ElasticJob:
         self.log.flush()
         return (self.workdir / "job.log").read_text(errors="replace")
 
-    def events(self) -> list[dict[str, Any]]:
-        """All coordinator events."""
-        path = self.ledger / "events.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def report(self) -> dict[str, Any]:
-        """The ledger-derived report."""
-        return build_report(self.ledger, TRAIN_SAMPLES)
-
     def known_pids(self) -> set[int]:
-        """Every agent and worker PID the job recorded."""
-        pids = {self.proc.pid}
-        for event in self.events():
-            if event.get("event") == "agent":
-                pids.add(int(event["pid"]))
-            for member in event.get("members", []):
-                pids.add(int(member["pid"]))
-        return {p for p in pids if p > 0}
+        """The launcher's PID and every agent and worker PID the job recorded."""
+        return {self.proc.pid, *super().known_pids()}
 
     def cleanup(self) -> None:
         """Stop the job and kill every process it started, by PID."""

@@ -16,22 +16,26 @@ from pathlib import Path
 from typing import Any
 
 from elastrain.backends.procs import pid_alive
-from elastrain.chaos.job import EXAMPLE, ElasticJob, hosts
+from elastrain.chaos.job import EXAMPLE, ElasticJob, LedgerRecords, hosts
+from elastrain.chaos.netns import NetHosts, NetnsUnavailable
 from elastrain.chaos.scenarios import Fault, FaultKind, Scenario
+from elastrain.hostfile import Host
 
 EPOCHS = 3
 TRAINING = ("--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05")
 TOLERANCE = 1e-5
 
 
-def example_command(params_out: Path, sleep: float = 0.03, slow_while: Path | None = None) -> list[str]:
+def example_command(
+    params_out: Path, sleep: float = 0.03, slow_while: Path | None = None, epochs: int = EPOCHS
+) -> list[str]:
     """The example job every scenario runs (slowed by `sleep` per step while `slow_while` exists)."""
     slow = ["--slow-while", str(slow_while)] if slow_while is not None else []
     return [
         "python",
         str(EXAMPLE),
         "--epochs",
-        str(EPOCHS),
+        str(epochs),
         "--step-sleep",
         str(sleep),
         *slow,
@@ -68,6 +72,10 @@ def _free_port() -> int:
     raise RuntimeError("no two free adjacent ports")
 
 
+def _adopted(job: ElasticJob) -> bool:
+    return any(e.get("event") == "adopted" for e in job.events())
+
+
 class ChaosSkipped(Exception):
     """A scenario that this machine cannot run (e.g. not root); the message says why."""
 
@@ -78,35 +86,68 @@ class ChaosRunner:
     def __init__(self, workdir: Path, log: Any = sys.stderr) -> None:
         self.workdir = workdir
         self.log = log
-        self._reference: dict[str, Any] | None = None
+        self._reference: dict[int, dict[str, Any]] = {}
+        self._net: NetHosts | None = None
+        self.epochs = EPOCHS  # the soak trains longer (its reference run too)
 
     def say(self, text: str) -> None:
         print(f"chaos: {text}", file=self.log, flush=True)
 
-    def reference(self) -> dict[str, Any]:
-        """Final parameters of a fault-free constant 2-worker run."""
-        if self._reference is None:
+    def reference(self, world: int = 2) -> dict[str, Any]:
+        """Final parameters of a fault-free run at a constant `world` workers (made once, then reused)."""
+        if world not in self._reference:
             import torch
 
-            work = self.workdir / "reference"
+            work = self.workdir / ("reference" if world == 2 else f"reference-{world}")
             work.mkdir(parents=True, exist_ok=True)
-            self.say("fault-free reference run")
-            job = ElasticJob(work, hosts(2), ["-np", "2"], example_command(work / "params.pt", sleep=0.0))
+            self.say(f"fault-free reference run ({world} workers)")
+            command = example_command(work / "params.pt", sleep=0.0, epochs=self.epochs)
+            job = ElasticJob(work, hosts(world), ["-np", str(world)], command)
             try:
-                if job.wait(timeout=600) != 0:
+                if job.wait(timeout=900) != 0:
                     raise RuntimeError(f"the reference run failed:\n{job.output()[-2000:]}")
             finally:
                 job.cleanup()
-            self._reference = torch.load(work / "params.pt")
-        return self._reference
+            self._reference[world] = torch.load(work / "params.pt")
+        return self._reference[world]
+
+    @staticmethod
+    def param_diff(reference: dict[str, Any], final: dict[str, Any]) -> float:
+        """Largest per-tensor relative difference."""
+        return max(
+            ((ref - final[name]).norm() / ref.norm().clamp_min(1e-12)).item()
+            for name, ref in reference.items()
+        )
 
     def run(self, scenario: Scenario) -> dict[str, Any]:
-        """Run one scenario; returns its figures and `passed`."""
+        """Run one scenario; returns its figures and `passed`. Every process, mount and link is removed."""
         reference = self.reference()
         work = self.workdir / scenario.name
         work.mkdir(parents=True, exist_ok=True)
+        if scenario.control_plane:
+            from elastrain.chaos.control_plane import run_kill_server
+
+            return run_kill_server(self, scenario, work, reference)
+        jobs: list[ElasticJob] = []
+        try:
+            return self._run(scenario, work, reference, jobs)
+        finally:
+            for j in jobs:
+                j.cleanup()
+            self._teardown_network()
+            if scenario.small_disk:
+                subprocess.run(["umount", str(work / "ckpt")], capture_output=True, check=False)
+
+    def _run(
+        self, scenario: Scenario, work: Path, reference: dict[str, Any], jobs: list[ElasticJob]
+    ) -> dict[str, Any]:
         params = work / "params.pt"
         args = list(scenario.run_args)
+        job_hosts = hosts(scenario.hosts)
+        if scenario.netns:
+            self._net = self._network(scenario.hosts)
+            job_hosts = [Host(self._net.address(i), 1) for i in range(scenario.hosts)]
+            args += ["--coordinator-host", self._net.gateway, "--agent-wrapper", self._net.agent_wrapper]
         if scenario.small_disk:
             self._mount_small_disk(work / "ckpt")
         if scenario.checkpoints:
@@ -118,37 +159,40 @@ class ChaosRunner:
         slow.touch()  # slow steps while the faults are injected, full speed after
         command = example_command(params, slow_while=slow)
         self.say(f"{scenario.name}: starting")
-        job = ElasticJob(work, hosts(scenario.hosts), args, command, env=env)
-        jobs = [job]
+        job = ElasticJob(work, job_hosts, args, command, env=env)
+        jobs.append(job)
         fault_at = 0.0
+        for fault in scenario.faults:
+            at = self._inject(job, fault, work)
+            fault_at = fault_at or at
+        if scenario.restart:
+            job.wait(timeout=60)
+            if not scenario.restart_args:  # nobody adopts the workers: wait for them to give up
+                self._wait_gone(job.known_pids() - {job.proc.pid}, timeout=120)
+            again = [*args, *scenario.restart_args]
+            self.say(
+                f"{scenario.name}: starting again ({' '.join(scenario.restart_args) or '--resume auto'})"
+            )
+            job = ElasticJob(work, job_hosts, again, command, fresh_log=False, env=env)
+            jobs.append(job)
+            if scenario.restart_args:  # full speed only once adopted: else the job may end before that
+                new = job
+                new.watcher.wait("the running job to be adopted", lambda: _adopted(new))
+        slow.unlink(missing_ok=True)
+        code = job.wait(timeout=600)
+        return self.judge(scenario, job, code, fault_at, reference, params)
+
+    @staticmethod
+    def _network(count: int) -> NetHosts:
         try:
-            for fault in scenario.faults:
-                at = self._inject(job, fault, work)
-                fault_at = fault_at or at
-            if scenario.restart:
-                job.wait(timeout=60)
-                if not scenario.restart_args:  # nobody adopts the workers: wait for them to give up
-                    self._wait_gone(job.known_pids() - {job.proc.pid}, timeout=120)
-                self.say(
-                    f"{scenario.name}: starting again ({' '.join(scenario.restart_args) or '--resume auto'})"
-                )
-                job = ElasticJob(
-                    work,
-                    hosts(scenario.hosts),
-                    [*args, *scenario.restart_args],
-                    command,
-                    fresh_log=False,
-                    env=env,
-                )
-                jobs.append(job)
-            slow.unlink(missing_ok=True)
-            code = job.wait(timeout=600)
-            return self._judge(scenario, job, code, fault_at, reference, params)
-        finally:
-            for j in jobs:
-                j.cleanup()
-            if scenario.small_disk:
-                subprocess.run(["umount", str(work / "ckpt")], capture_output=True, check=False)
+            return NetHosts(count).setup()
+        except NetnsUnavailable as exc:
+            raise ChaosSkipped(str(exc)) from exc
+
+    def _teardown_network(self) -> None:
+        if self._net is not None:
+            self._net.teardown()
+            self._net = None
 
     @staticmethod
     def _wait_gone(pids: set[int], timeout: float) -> None:
@@ -196,15 +240,19 @@ class ChaosRunner:
             self.say(f"SIGSTOP worker {victim['worker_id']} (pid {victim['pid']})")
             _kill([victim["pid"]], signal.SIGSTOP)
             try:
-                job.watcher.wait(
-                    "the hung worker to be dropped",
-                    lambda: (
-                        victim["worker_id"]
-                        not in {m["worker_id"] for m in job.watcher.generations()[-1]["members"]}
-                    ),
-                )
+                self._wait_dropped(job, victim)
             finally:
                 _kill([victim["pid"]], signal.SIGCONT)
+        elif fault.kind == FaultKind.PARTITION_HOST:
+            assert self._net is not None, "partition-host needs a scenario with netns=True"
+            index = self._net.index(victim["host"])
+            self.say(f"partition host {victim['host']} (bridge port {self._net.port(index)} down)")
+            self._net.partition(index)
+            try:
+                self._wait_dropped(job, victim)
+            finally:
+                self._net.heal(index)
+            self.say(f"host {victim['host']} reconnected")
         elif fault.kind == FaultKind.KILL_AGENT:
             agents = {e["host"]: e["pid"] for e in job.events() if e.get("event") == "agent"}
             self.say(f"kill -9 the agent of {victim['host']} (pid {agents[victim['host']]})")
@@ -217,28 +265,33 @@ class ChaosRunner:
             _kill(job.known_pids())
         return now
 
-    def _judge(
+    @staticmethod
+    def _wait_dropped(job: ElasticJob, victim: dict[str, Any]) -> None:
+        job.watcher.wait(
+            f"worker {victim['worker_id']} to be dropped",
+            lambda: (
+                victim["worker_id"] not in {m["worker_id"] for m in job.watcher.generations()[-1]["members"]}
+            ),
+        )
+
+    def judge(
         self,
         scenario: Scenario,
-        job: ElasticJob,
+        job: LedgerRecords,
         code: int,
         fault_at: float,
         reference: dict[str, Any],
         params: Path,
+        tolerance: float = TOLERANCE,
     ) -> dict[str, Any]:
+        """The scenario's figures and whether its promises held (finished, exactly once, parameters)."""
         import torch
 
         report = job.report()
         epochs = report["epochs"]
         duplicates = sum(e["duplicates"] for e in epochs)
-        missing = sum(e["missing"] for e in epochs) + 10_000 * max(0, EPOCHS - len(epochs))
-        diff = float("inf")
-        if params.exists():
-            final = torch.load(params)
-            diff = max(
-                ((ref - final[name]).norm() / ref.norm().clamp_min(1e-12)).item()
-                for name, ref in reference.items()
-            )
+        missing = sum(e["missing"] for e in epochs) + 10_000 * max(0, self.epochs - len(epochs))
+        diff = self.param_diff(reference, torch.load(params)) if params.exists() else float("inf")
         incidents = [e for e in job.events() if e.get("event") == "incident" and e["cause"] != "start"]
         after = [
             g
@@ -250,7 +303,7 @@ class ChaosRunner:
         resumed = scenario.restart and not scenario.restart_args  # a new run had to take over
         first_step = self._first_commit_after(job, fault_at, exclude_run=first_run if resumed else None)
         result = {
-            "passed": code == 0 and duplicates == 0 and missing == 0 and diff < TOLERANCE,
+            "passed": code == 0 and duplicates == 0 and missing == 0 and diff < tolerance,
             "exit_code": code,
             "detect_s": detect,
             "recover_s": round(first_step - fault_at, 3) if first_step else None,
@@ -265,7 +318,7 @@ class ChaosRunner:
         return result
 
     @staticmethod
-    def _first_commit_after(job: ElasticJob, when: float, exclude_run: str | None = None) -> float | None:
+    def _first_commit_after(job: LedgerRecords, when: float, exclude_run: str | None = None) -> float | None:
         from elastrain.report import load_ledgers
 
         times = [

@@ -18,6 +18,8 @@ class FaultKind(str, enum.Enum):
     KILL_ALL = "kill-all"  # SIGKILL the launcher, every agent and every worker
     CORRUPT_CHECKPOINT = "corrupt-checkpoint"  # truncate the newest durable checkpoint
     FILL_DISK = "fill-disk"  # fill the checkpoint file system (a small tmpfs) to the last byte
+    PARTITION_HOST = "partition-host"  # cut one host off the network until it is dropped, then reconnect
+    KILL_SERVER = "kill-server"  # SIGKILL the control-plane server (and a worker while it is down)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Scenario:
     restart: bool = False
     checkpoints: bool = False
     small_disk: bool = False  # checkpoints go to a small tmpfs (needs root; skipped otherwise)
+    netns: bool = False  # every host in its own network namespace on a private bridge (needs root)
+    control_plane: bool = False  # the job is submitted to a private `elastrain server` (kill-server)
     restart_args: tuple[str, ...] = ()  # extra flags for the second start (e.g. --rejoin)
     expect_exit: int = 0  # what the first run's launcher should exit with when not killed
     notes: str = ""
@@ -59,6 +63,22 @@ SCENARIOS: dict[str, Scenario] = {
             (Fault(FaultKind.STOP_WORKER, 40),),
         ),
         Scenario("kill-agent", 3, _ELASTIC, (Fault(FaultKind.KILL_AGENT, 40),)),
+        Scenario(
+            "partition-host",
+            3,
+            (*_ELASTIC, "--heartbeat-timeout", "3", "--join-grace", "1"),
+            (Fault(FaultKind.PARTITION_HOST, 40),),
+            netns=True,
+            notes="the host's bridge port goes down: dropped on missed heartbeats, fenced when it is back",
+        ),
+        Scenario(
+            "kill-server",
+            3,  # containers; the workers are whatever the cluster's hostfile lists (2 or 3)
+            ("--min-np", "1", "--max-np", "3", "--join-grace", "1"),
+            (Fault(FaultKind.KILL_SERVER, 40),),
+            control_plane=True,
+            notes="the job trains on without the server; the restarted server adopts it and gets its reports",
+        ),
         Scenario(
             "kill-coordinator",
             2,
@@ -113,6 +133,7 @@ def parse_scenarios(spec: str) -> list[Scenario]:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown or not names:
         raise ConfigError(
-            f"unknown scenario {', '.join(unknown) or spec!r}; choose from {', '.join(SCENARIOS)}, all"
+            f"unknown scenario {', '.join(unknown) or spec!r}; "
+            f"choose from {', '.join(SCENARIOS)}, all (or soak alone)"
         )
     return [SCENARIOS[n] for n in names]

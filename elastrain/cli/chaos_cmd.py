@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import tempfile
 from pathlib import Path
+
+from elastrain.errors import ConfigError
 
 
 def add_chaos_parser(sub: argparse._SubParsersAction) -> None:
@@ -14,9 +17,12 @@ def add_chaos_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--scenario",
         default="all",
-        help="comma-separated: kill-worker, stop-worker, kill-agent, kill-coordinator, "
-        "corrupt-checkpoint, kill-all-resume (or all)",
+        help="comma-separated: kill-worker, stop-worker, kill-agent, partition-host, kill-server, "
+        "kill-coordinator, coordinator-gone, corrupt-checkpoint, kill-all-resume, fill-disk (or all); "
+        "or soak: --faults random faults (seeded by --seed) in one long run",
     )
+    p.add_argument("--faults", type=int, default=50, help="soak: how many random faults (default 50)")
+    p.add_argument("--seed", type=int, help="soak: the schedule's seed (default: random, printed)")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--workdir", type=Path, help="where the runs go (default: a temp dir)")
 
@@ -26,12 +32,21 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from elastrain.chaos.runner import ChaosRunner
     from elastrain.chaos.scenarios import parse_scenarios
 
-    scenarios = parse_scenarios(args.scenario)
+    soak = args.scenario.strip() == "soak"
+    scenarios = [] if soak else parse_scenarios(args.scenario)
+    if args.faults < 1:
+        raise ConfigError(f"--faults must be >= 1, got {args.faults}")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="elastrain-chaos-"))
     runner = ChaosRunner(workdir)
     from elastrain.chaos.runner import ChaosSkipped
 
     results = {}
+    if soak:
+        from elastrain.chaos.soak import run_soak
+
+        seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+        print(f"chaos: soak with seed {seed} (rerun: --scenario soak --faults {args.faults} --seed {seed})")
+        results["soak"] = run_soak(runner, args.faults, seed)
     for scenario in scenarios:
         try:
             results[scenario.name] = runner.run(scenario)

@@ -1,4 +1,4 @@
-"""`elastrain job`: detached commands in a cluster's launcher container (submit, list, get, logs, cancel)."""
+"""`elastrain job`: detached commands in a launcher container (submit, list, get, logs, events, cancel)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def add_job_parser(sub: argparse._SubParsersAction, conn: argparse.ArgumentParse
     p = jsub.add_parser("logs", parents=[conn], help="print a job's output")
     p.add_argument("job_id", type=int)
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the job ends")
+    p = jsub.add_parser("events", parents=[conn], help="a job's events: incidents (generation changes) too")
+    p.add_argument("job_id", type=int)
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p = jsub.add_parser("cancel", parents=[conn], help="stop a running job")
     p.add_argument("job_id", type=int)
 
@@ -40,6 +43,26 @@ def _progress(job: dict[str, Any]) -> str:
         if job.get(k) is not None
     ]
     return " ".join(parts) or "-"
+
+
+def _print_events(events: list[dict[str, Any]], output: str) -> int:
+    if output == "json":
+        print(json.dumps(events, indent=2))
+        return 0
+    for event in events:
+        d = event["detail"]
+        if event["action"] == "job.incident":
+            recover = "-" if d.get("recover_s") is None else f"{d['recover_s']:.3f}s"
+            text = (
+                f"generation {d['generation']} {d['cause']}: world {d['world_size']}, detect "
+                f"{d['detect_s']:.3f}s, recover {recover}, steps lost {d['steps_lost']}"
+            )
+        else:
+            text = " ".join(f"{k}={v}" for k, v in d.items() if k != "job")
+        print(f"{event['at'][:19]}  {event['action']:<14} {text}".rstrip())
+    if not events:
+        print("no events")
+    return 0
 
 
 def _follow(client: Any, job_id: int) -> int:
@@ -70,6 +93,8 @@ def run_job_command(args: argparse.Namespace) -> int:
             text, _offset, _status = client.job_logs(args.job_id)
             sys.stdout.write(text)
             return 0
+        if args.action == "events":
+            return _print_events(client.job_events(args.job_id), args.output)
         if args.action == "cancel":
             job = client.cancel_job(args.job_id)
             print(f"job {job['id']}: {job['status']}")

@@ -22,6 +22,12 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slurm", action="store_true", help="hosts: this Slurm allocation (default in one)")
     p.add_argument("--ledger", type=Path, help="directory for the exactly-once ledger and generation events")
     p.add_argument("--coordinator-host", default="127.0.0.1", help="address the coordinator listens on")
+    p.add_argument(
+        "--agent-wrapper",
+        default="",
+        help="command prefix that starts the agent of a non-local host, {host} replaced, environment "
+        "kept (e.g. 'ip netns exec ns-{host}'); default: print the command to run there",
+    )
     p.add_argument("--coordinator-port", type=int, default=0, help="port for the coordinator (0: any)")
     p.add_argument("--join-grace", type=float, default=5.0, help="seconds to wait for more new workers")
     p.add_argument(
@@ -84,6 +90,7 @@ def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run `elastrain run` with parsed flags; returns the exit code."""
+    from elastrain.launcher.agents import AgentStarter
     from elastrain.launcher.attach import OutputTee, attach, record_exit
     from elastrain.launcher.hosts import SlurmHosts, make_host_source
     from elastrain.launcher.run import LaunchConfig, Launcher, check_command, check_sizes, uses_elastrain
@@ -98,7 +105,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     source = make_host_source(
         args.host_list, args.hostfile, args.host_discovery_script, args.nproc_per_node, args.np, args.slurm
     )
-    starter = None
+    starter: AgentStarter | None = None
+    if args.agent_wrapper:
+        from elastrain.launcher.agents import LocalAgentStarter
+
+        starter = LocalAgentStarter(args.agent_wrapper)
     if isinstance(source, SlurmHosts):  # agents are job steps (srun); the coordinator on a routable address
         from elastrain.launcher.slurm import SlurmAgentStarter, coordinator_host
 

@@ -33,14 +33,24 @@ class AgentStarter(abc.ABC):
 
 
 class LocalAgentStarter(AgentStarter):
-    """Local hosts: a child process (dies with the launcher). Other hosts: print the command to run there."""
+    """Local hosts: a child process (dies with the launcher). Other hosts: print the command to run there.
+
+    With a `wrapper` (``--agent-wrapper``, e.g. ``ip netns exec ns-{host}``) the agent of a non-local
+    host is started through it, with ``{host}`` replaced; the wrapper must keep the environment.
+    """
+
+    def __init__(self, wrapper: str = "") -> None:
+        self.wrapper = wrapper
 
     def start(self, host: str, agent_args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
-        if not is_local_host(host):
+        prefix: list[str] = []
+        if self.wrapper and not is_local_host(host):
+            prefix = [part.replace("{host}", host) for part in shlex.split(self.wrapper)]
+        elif not is_local_host(host):
             token = env["ELASTRAIN_JOB_TOKEN"]
             command = f"ELASTRAIN_JOB_TOKEN={token} elastrain agent {shlex.join(agent_args)}"
             print(f"elastrain: start the agent for {host} there: {command}", file=sys.stderr)
             return None
-        argv = [sys.executable, "-m", "elastrain.agent.agent", *agent_args]
+        argv = [*prefix, sys.executable, "-m", "elastrain.agent.agent", *agent_args]
         # Agents outlive a crashed launcher on purpose: they wait (bounded) for a replacement (--rejoin).
         return subprocess.Popen(argv, env=env, start_new_session=True)

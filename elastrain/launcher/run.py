@@ -22,6 +22,7 @@ from elastrain.errors import ConfigError
 from elastrain.launcher.agents import AgentStarter, LocalAgentStarter
 from elastrain.launcher.hosts import HostSource
 from elastrain.rendezvous.coordinator import Coordinator, CoordinatorConfig
+from elastrain.runtime.progress import IncidentReporter
 
 log = logging.getLogger("elastrain.run")
 
@@ -178,6 +179,8 @@ class Launcher:
             bind_host=self.config.coordinator_host,
             port=self.config.coordinator_port,
         )
+        reporter = IncidentReporter(self.config.env | dict(os.environ))
+        self.coordinator.on_incident = reporter.report if reporter.enabled else None
         log.info("coordinator at %s; %d..%d workers, starting %d", self.coordinator.address, lo, hi, initial)
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for sig in previous:
@@ -199,6 +202,8 @@ class Launcher:
             self._stop.set()
             self._reap_agents()
             self.coordinator.close()
+            if reporter.enabled and not reporter.flush(10.0):
+                log.warning("some incidents could not be sent to the control plane at %s", reporter.endpoint)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 

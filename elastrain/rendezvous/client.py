@@ -34,6 +34,7 @@ class CoordinatorRendezvous(Rendezvous):
     ) -> None:
         self.worker_id = worker_id
         self._pending = False
+        self._pending_for = -1  # the newest generation a push announced
         self.fenced = False
         self.coordinator_gone = False
         self.current: Generation | None = None  # the generation this worker trains in (set by the runtime)
@@ -70,10 +71,9 @@ class CoordinatorRendezvous(Rendezvous):
 
     def _on_push(self, msg: Message) -> None:
         kind = msg.get("type")
-        if kind == "pending":
-            self._pending = True
-        elif kind == "fenced":
-            self.fenced = True
+        if kind in ("pending", "fenced"):
+            self._pending_for = max(self._pending_for, int(msg.get("generation", 1 << 62)))
+            self.fenced = self.fenced or kind == "fenced"
             self._pending = True
 
     def _heartbeat_loop(self) -> None:
@@ -92,6 +92,10 @@ class CoordinatorRendezvous(Rendezvous):
         if outcome != JoinOutcome.ADMITTED:
             return JoinResult(outcome, reason=str(reply.get("reason", "")))
         generation = Generation.from_wire(reply["generation"])
+        if self._pending_for <= generation.number:
+            # a push that arrived while this join was in flight (e.g. after a partition healed) announced
+            # this generation or an older one: it is not a reason to stop again
+            self._pending = self.coordinator_gone
         if generation.rank_of(self.worker_id) < 0:
             raise RendezvousError(f"coordinator admitted {self.worker_id} to a generation without it")
         return JoinResult(outcome, generation)

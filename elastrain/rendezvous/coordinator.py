@@ -112,6 +112,7 @@ class Coordinator:
         self._started_at = time.monotonic()
         self.history: list[dict[str, Any]] = []
         self.incidents = IncidentLog()
+        self.on_incident: Callable[[dict[str, Any]], None] | None = None  # a generation's first step done
         self._fault_at: float | None = None
         self.server = RpcServer(bind_host, port, token, self._on_message, self._on_close)
         self.address = self.server.address
@@ -227,6 +228,8 @@ class Coordinator:
         )
         if incident is not None:
             self._record({"event": "incident", **incident.to_dict()})
+            if self.on_incident is not None:
+                self.on_incident(incident.to_dict())
 
     def _handle_worker_started(self, peer: Peer, msg: Message) -> None:
         worker = self.workers.get(str(msg.get("worker_id")))
@@ -334,7 +337,9 @@ class Coordinator:
             log.info("generation %d pending: %s", self.generation.number + 1, cause.value)
             for member in self.generation.members:
                 worker = self.workers[member.worker_id]
-                if worker.peer is not None and worker.state in _MEMBER:
+                # not to STOPPED members: they already asked to join, and a late push would make them
+                # stop again right after being admitted (one needless generation per step, forever)
+                if worker.peer is not None and worker.state in (WorkerState.ACTIVE, WorkerState.LEAVING):
                     worker.peer.push("pending", generation=self.generation.number + 1, cause=cause.value)
         elif self.pending == Cause.SCALE_OUT and cause != Cause.SCALE_OUT:
             self.pending = cause  # report the more important reason
@@ -616,9 +621,10 @@ class Coordinator:
                             "worker %s missed heartbeats for %.0fs", worker.worker_id, now - worker.last_seen
                         )
                         self._fault_at = time.time() - (now - worker.last_seen)
+                        fenced_from = self.generation.number if self.generation is not None else 0
                         self._mark_dead(worker, Cause.HEARTBEAT_LOSS)
                         if worker.peer is not None:
-                            worker.peer.push("fenced", reason="missed heartbeats")
+                            worker.peer.push("fenced", reason="missed heartbeats", generation=fenced_from + 1)
                 self._reconcile()
 
     def abort(self, message: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 
 import torch
 import torch.distributed as dist
@@ -37,14 +38,27 @@ def choose_backend(requested: str) -> str:
 class GroupManager:
     """Owns the default process group; one store connection reused across generations."""
 
-    def __init__(self, backend: str, timeout_s: float, local_rank: int) -> None:
+    def __init__(self, backend: str, timeout_s: float, local_rank: int, host: str = "") -> None:
         self.backend = choose_backend(backend)
+        self._bind_interface(host)
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.local_rank = local_rank
         self._store: dist.TCPStore | None = None
         self.generation: int | None = None
         if self.backend == "nccl":
             torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
+
+    def _bind_interface(self, host: str) -> None:
+        """gloo binds the interface holding this host's address (e.g. a veth in the host's namespace).
+
+        Without it gloo binds the hostname's address, which peers in other namespaces cannot reach.
+        """
+        from elastrain.runtime.netaddr import interface_for
+
+        if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+            interface = interface_for(host)
+            if interface is not None:
+                os.environ["GLOO_SOCKET_IFNAME"] = interface  # read by gloo when a group is created
 
     @property
     def device(self) -> torch.device:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,16 +22,36 @@ if TYPE_CHECKING:
     from elastrain.runtime.checkpoint import Manifest
 
 
+def _job_endpoint(env: Mapping[str, str], resource: str) -> tuple[str, str]:
+    """``(URL of the job's `resource`, report token)``; the URL is empty outside a control-plane job."""
+    url, job, token = (
+        env.get(k, "") for k in ("ELASTRAIN_REPORT_URL", "ELASTRAIN_JOB_ID", "ELASTRAIN_REPORT_TOKEN")
+    )
+    return (f"{url.rstrip('/')}/api/v1/jobs/{job}/{resource}" if url and job and token else ""), token
+
+
+def _post(endpoint: str, token: str, body: dict[str, Any]) -> int:
+    """POST `body` as JSON; the HTTP status, or 0 when the server cannot be reached."""
+    request = urllib.request.Request(
+        endpoint,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "X-Job-Token": token},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
 class ProgressReporter:
     """Rate-limited, non-blocking reporter of step, epoch, loss, samples/s, world size and hosts."""
 
     def __init__(self, environ: dict[str, str] | None = None, interval_s: float = 1.0) -> None:
-        env = os.environ if environ is None else environ
-        url, job, token = (
-            env.get(k, "") for k in ("ELASTRAIN_REPORT_URL", "ELASTRAIN_JOB_ID", "ELASTRAIN_REPORT_TOKEN")
-        )
-        self.endpoint = f"{url.rstrip('/')}/api/v1/jobs/{job}/progress" if url and job and token else ""
-        self._token = token
+        self.endpoint, self._token = _job_endpoint(os.environ if environ is None else environ, "progress")
         self.interval_s = interval_s
         self._last_time = time.monotonic()
         self._last_samples = 0
@@ -86,24 +108,53 @@ class ProgressReporter:
             "bytes": manifest.size,
             "write_s": round(write_s, 4),
         }
-        self._post({"checkpoint": report})
-
-    def _post(self, body: dict[str, Any]) -> None:
-        request = urllib.request.Request(
-            self.endpoint,
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json", "X-Job-Token": self._token},
-        )
-        try:
-            urllib.request.urlopen(request, timeout=5).close()
-        except (urllib.error.URLError, OSError):
-            pass  # the server may be restarting; training never waits for it
+        _post(self.endpoint, self._token, {"checkpoint": report})
 
     def _send_loop(self) -> None:
         while True:
             self._wake.wait()
             self._wake.clear()
             body, self._latest = self._latest, None
-            if body is not None:
-                self._post(body)  # a failed post is dropped: the next report carries the latest values
+            if body is None:
+                continue
+            _post(self.endpoint, self._token, body)  # on failure the next report carries the latest values
+
+
+class IncidentReporter:
+    """Sends every generation change of a control-plane job to the server, in order, none dropped.
+
+    The launcher queues each incident once its first step is done; a background thread posts them to
+    ``/api/v1/jobs/{id}/incidents`` and retries while the server is unreachable (it may be restarting).
+    """
+
+    def __init__(self, environ: Mapping[str, str] | None = None, retry_s: float = 1.0) -> None:
+        self.endpoint, self._token = _job_endpoint(os.environ if environ is None else environ, "incidents")
+        self.retry_s = retry_s
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        if self.endpoint:
+            threading.Thread(target=self._send_loop, name="elastrain-incidents", daemon=True).start()
+
+    @property
+    def enabled(self) -> bool:
+        """True inside a control-plane job."""
+        return bool(self.endpoint)
+
+    def report(self, incident: dict[str, Any]) -> None:
+        """Queue one incident (non-blocking)."""
+        if self.enabled:
+            self._queue.put(dict(incident))
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for every queued incident to be delivered; True when they were."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self._queue.unfinished_tasks
+
+    def _send_loop(self) -> None:
+        while True:
+            incident = self._queue.get()
+            # 0: unreachable, 5xx: the server is in trouble -> retry; 2xx done; other 4xx will never work
+            while (status := _post(self.endpoint, self._token, incident)) == 0 or status >= 500:
+                time.sleep(self.retry_s)
+            self._queue.task_done()

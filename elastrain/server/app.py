@@ -212,6 +212,19 @@ def create_app(services: Services, jobs: JobService) -> FastAPI:
         """`elastrain run` in a launcher terminal registers itself as a job (auth: X-Attach-Token)."""
         return jobs.attach(x_attach_token, req)
 
+    @api.post("/jobs/{job_id}/incidents", status_code=204, responses=errors, tags=["jobs"])
+    def report_incident(
+        job_id: int, incident: schemas.JobIncident, x_job_token: Annotated[str, Header()] = ""
+    ) -> Response:
+        """`elastrain run` reports a generation change: cause, detect/recover times, steps lost."""
+        jobs.record_incident(job_id, x_job_token, incident)
+        return Response(status_code=204)
+
+    @api.get("/jobs/{job_id}/events", response_model=list[schemas.EventOut], responses=errors, tags=["jobs"])
+    def job_events(job_id: int, user: Caller) -> list[schemas.EventOut]:
+        """The job's events: submitted, every incident (generation change), cancelled."""
+        return list(jobs.events(user, job_id))
+
     app.include_router(api)
     from elastrain.portal import mount_portal  # the web portal at /
 

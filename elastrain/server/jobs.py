@@ -234,9 +234,7 @@ class JobService:
     def report(self, job_id: int, token: str, progress: schemas.JobProgress) -> None:
         """Record a progress report (authenticated by the job's own report token)."""
         with self.db.session() as session:
-            job = session.get(Job, job_id)
-            if job is None or not token or job.report_token_hash != hash_token(token):
-                raise Unauthorized("unknown job or wrong report token (ELASTRAIN_REPORT_TOKEN)")
+            job = self._authenticated(session, job_id, token)
             self._record(session, job, progress.model_dump())
             if progress.checkpoint is not None:
                 cluster = session.get(Cluster, job.cluster_id)
@@ -268,6 +266,53 @@ class JobService:
                 if detail.pop("job", None) == job.id:
                     out.append(schemas.CheckpointOut(at=aware(event.at) or event.at, **detail))
             return out
+
+    def record_incident(self, job_id: int, token: str, incident: schemas.JobIncident) -> None:
+        """Store a generation change the job reported as a ``job.incident`` event of its cluster."""
+        with self.db.session() as session:
+            job = self._authenticated(session, job_id, token)
+            cluster = session.get(Cluster, job.cluster_id)
+            detail = incident.model_dump(mode="json", exclude_none=True)
+            add_event(
+                session,
+                "elastrain run",
+                "job.incident",
+                cluster.name if cluster else "",
+                job.owner_id,
+                job=job.id,
+                **detail,
+            )
+
+    def events(self, user: User, job_id: int) -> Sequence[schemas.EventOut]:
+        """The job's events (submitted, incidents, cancelled), oldest first."""
+        with self.db.session() as session:
+            job, cluster = self._job(session, user, job_id)
+            query = (
+                select(Event)
+                .where(Event.cluster == cluster, Event.action.startswith("job."))
+                .order_by(Event.id)
+            )
+            out = []
+            for event in session.scalars(query):
+                detail = json.loads(event.detail or "{}")
+                if detail.get("job") == job.id:
+                    out.append(
+                        schemas.EventOut(
+                            at=event.at,
+                            actor=event.actor,
+                            action=event.action,
+                            cluster=cluster,
+                            detail=detail,
+                        )
+                    )
+            return out
+
+    @staticmethod
+    def _authenticated(session: Session, job_id: int, token: str) -> Job:
+        job = session.get(Job, job_id)
+        if job is None or not token or job.report_token_hash != hash_token(token):
+            raise Unauthorized("unknown job or wrong report token (ELASTRAIN_REPORT_TOKEN)")
+        return job
 
     @staticmethod
     def _record(session: Session, job: Job, values: dict[str, object]) -> None:

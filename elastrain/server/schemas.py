@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from elastrain.rendezvous.api import Cause
+
 
 class ErrorOut(BaseModel):
     """Every refusal: a message that says what to fix, and the HTTP status."""
@@ -183,6 +185,24 @@ class JobAttached(BaseModel):
     report_token: str
     log_path: str
     exit_path: str
+
+
+class JobIncident(BaseModel):
+    """A generation change of a running job, as `elastrain run` records it (see rendezvous.incidents)."""
+
+    model_config = ConfigDict(extra="forbid")
+    generation: int = Field(ge=0)
+    cause: Cause
+    world_size: int = Field(ge=0)
+    start_step: int = Field(ge=0)
+    steps_lost: int = Field(ge=0)
+    detect_s: float = Field(ge=0)
+    recover_s: float | None = Field(default=None, ge=0)
+    samples_replayed: int | None = Field(default=None, ge=0)
+    fault_at: float | None = None
+    detected_at: float | None = None
+    formed_at: float | None = None
+    first_step_at: float | None = None
 
 
 class JobOut(BaseModel):

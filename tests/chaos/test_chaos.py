@@ -36,10 +36,16 @@ def test_scenario(runner: ChaosRunner, name: str) -> None:
     assert result["max_param_diff"] < TOLERANCE, result
     if name in ("kill-worker", "kill-agent"):
         assert result["steps_lost"] <= 1 and result["samples_replayed"] <= 64, result
-    if name == "stop-worker":  # dropped after missed heartbeats; after SIGCONT fenced, then readmitted
+    if name in ("stop-worker", "partition-host"):
+        # dropped after missed heartbeats; when back (SIGCONT, link up) fenced, then readmitted once
         causes = [cause for _, cause in result["generations"]]
         after = result["generations"][causes.index("heartbeat_loss") + 1]
         assert after == (3, "scale_out"), result
+        assert len(result["generations"]) <= 4, result  # no needless generations after the rejoin
+        assert result["detect_s"] < 3 + 2, result  # within --heartbeat-timeout 3 (plus the tick)
+    if name == "kill-server":  # trained on without the server; the restarted one got the late incident
+        assert result["containers_adopted"], result
+        assert (1, "worker_failure") in result["incidents_in_api"], result
     if name == "fill-disk":
         assert "not written" in (runner.workdir / name / "job.log").read_text()
     assert result["passed"]

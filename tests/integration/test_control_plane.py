@@ -25,6 +25,8 @@ import pytest
 
 from elastrain.backends.procs import pid_alive
 from elastrain.backends.shm import shm_limit_supported
+from elastrain.chaos.control_plane import container_inits as init_pids
+from elastrain.chaos.control_plane import stop_server
 from elastrain.client import Client, ClientError, ClusterInfo
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,22 +63,6 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "c
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
-
-
-def init_pids(data_dir: Path) -> set[int]:
-    """PIDs of the container init processes living under `data_dir`."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ours = b"elastrain.backends.container_proc" in argv and any(str(data_dir).encode() in a for a in argv)
-        if ours and pid_alive(int(entry.name)):
-            found.add(int(entry.name))
-    return found
 
 
 class Postgres:
@@ -227,18 +213,8 @@ class ControlPlane:
 
     def cleanup(self) -> None:
         """Delete every cluster through the API, stop the server, then stop leftover inits by PID."""
-        if self.proc is not None and self.proc.poll() is None:
-            with self.client() as admin:
-                for cluster in admin.list_clusters():
-                    admin.delete_cluster(cluster.name)
-                for cluster in admin.list_clusters():
-                    admin.wait_deleted(cluster.name, timeout=60)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_server(self.proc, self.client)
         leftovers = init_pids(self.data)
         for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
