@@ -10,6 +10,13 @@ backward for torchrun), optimizer, commit, and the whole step. After the timed s
 worker also times the pieces a flat-buffer sync is made of, on the same group: copying the grads
 in and out of one buffer, scaling, one blocking all_reduce of the buffer, a one-slot all_reduce
 and ``.item()``. Prints the table; nothing is asserted.
+
+    .venv/bin/python bench/step_profile.py --interleaved [--blocks 300] [--block-steps 1]
+
+A/B on a loaded machine: one torchrun job of two processes alternates blocks of steps of DDP and of
+elastrain's gradient sync (`GradientSync`, the core of ``allreduce_gradients``) on two identical
+models, so both see the same load; prints the median over blocks of the per-block ratio of median
+step times. The launcher, ``commit`` and the sampler are not part of this one (see the table above).
 """
 
 from __future__ import annotations
@@ -185,6 +192,85 @@ def worker_ddp(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def worker_interleaved(args: argparse.Namespace) -> None:
+    """Alternate blocks of DDP steps and GradientSync steps in the same two processes."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    import workload
+    from torch.nn.parallel import DistributedDataParallel
+
+    from elastrain.runtime.gradsync import GradientSync, StepShape
+
+    torch.set_num_threads(1)
+    x, y = workload.make_data()
+    torch.manual_seed(workload.SEED)
+    plain = workload.build_model()
+    twin = copy.deepcopy(plain)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ddp = DistributedDataParallel(twin)
+    lo, hi = workload.split_evenly(workload.GLOBAL_BATCH, world, rank)
+    shape = StepShape(hi - lo, workload.GLOBAL_BATCH, workload.GLOBAL_BATCH % world == 0)
+    sync = GradientSync(lambda: shape)
+    params = list(plain.parameters())
+    optimizers = {
+        "elastrain": torch.optim.SGD(plain.parameters(), lr=0.02, momentum=0.9),
+        "ddp": torch.optim.SGD(twin.parameters(), lr=0.02, momentum=0.9),
+    }
+    perm = workload.epoch_permutation(0)
+    per_epoch = workload.SAMPLES // workload.GLOBAL_BATCH
+    blocks: list[dict[str, float]] = []
+    step = 0
+    warmup = 10
+    for block in range(args.blocks + warmup):
+        medians: dict[str, float] = {}
+        for variant in ("elastrain", "ddp") if block % 2 == 0 else ("ddp", "elastrain"):
+            times = []
+            for _ in range(args.block_steps):
+                start = (step % per_epoch) * workload.GLOBAL_BATCH
+                indices = perm[start + lo : start + hi]
+                step += 1
+                t = time.perf_counter()
+                optimizers[variant].zero_grad()
+                if variant == "ddp":
+                    F.cross_entropy(ddp(x[indices]), y[indices]).backward()
+                else:
+                    F.cross_entropy(plain(x[indices]), y[indices]).backward()
+                    sync.allreduce(params, shape, "mean", False, True)
+                optimizers[variant].step()
+                times.append(time.perf_counter() - t)
+            medians[variant] = statistics.median(times)
+        if block >= warmup:
+            blocks.append(medians)
+    dist.barrier()
+    if rank == 0:
+        _write(args.out, {"blocks": blocks})
+    dist.destroy_process_group()
+
+
+def report_interleaved(blocks: list[dict[str, float]]) -> str:
+    """Per-block medians and the median of the per-block ratios."""
+    ratios = [b["elastrain"] / b["ddp"] for b in blocks]
+    lines = [f"{'blocks':>9} {'elastrain ms':>13} {'ddp ms':>8} {'ratio':>6}"]
+    tenth = max(1, len(blocks) // 10)
+    for i in range(0, len(blocks), tenth):  # how the load drifted: medians of each tenth of the run
+        part = blocks[i : i + tenth]
+        e_part = statistics.median(b["elastrain"] for b in part) * 1e3
+        d_part = statistics.median(b["ddp"] for b in part) * 1e3
+        r_part = statistics.median(ratios[i : i + tenth])
+        lines.append(f"{i:4d}-{i + len(part) - 1:<4d} {e_part:13.2f} {d_part:8.2f} {r_part:6.3f}")
+    e = statistics.median(b["elastrain"] for b in blocks)
+    d = statistics.median(b["ddp"] for b in blocks)
+    lines.append(f"median step: elastrain sync {e * 1e3:.2f} ms, DDP {d * 1e3:.2f} ms, ratio {e / d:.3f}")
+    lines.append(
+        f"median of per-block ratios: {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
+    )
+    return "\n".join(lines)
+
+
 def run_variant(variant: str, args: argparse.Namespace, work: Path, tag: str) -> dict[str, Any]:
     """Launch one variant at world 2 under its real launcher; rank 0's medians."""
     from proclib import Job, wait_for
@@ -193,6 +279,7 @@ def run_variant(variant: str, args: argparse.Namespace, work: Path, tag: str) ->
     job = Job(f"sp{int(time.time())}", tag, work / tag)
     me = [str(Path(__file__).resolve()), "--worker", variant, "--out", str(out)]
     me += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    me += ["--blocks", str(args.blocks), "--block-steps", str(args.block_steps)]
     if variant == "elastrain":
         argv = [
             sys.executable,
@@ -251,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="runs of each system, alternating (default 2)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run (default 300)")
     p.add_argument("--json", type=Path, help="also write every run here")
-    p.add_argument("--worker", choices=["elastrain", "ddp"], help=argparse.SUPPRESS)
+    p.add_argument("--interleaved", action="store_true", help="A/B blocks of DDP and elastrain in one job")
+    p.add_argument("--blocks", type=int, default=300, help="--interleaved: blocks per variant (default 300)")
+    p.add_argument("--block-steps", type=int, default=1, help="--interleaved: steps per block (default 1)")
+    p.add_argument("--worker", choices=["elastrain", "ddp", "interleaved"], help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker == "elastrain":
@@ -260,7 +350,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "ddp":
         worker_ddp(args)
         return 0
+    if args.worker == "interleaved":
+        worker_interleaved(args)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="elastrain-step-profile-"))
+    if args.interleaved:
+        result = run_variant("interleaved", args, work, "interleaved")
+        print(report_interleaved(result["blocks"]))
+        if args.json is not None:
+            args.json.write_text(json.dumps(result, indent=2))
+        return 0
     results: dict[str, list[dict[str, Any]]] = {"elastrain": [], "torchrun": []}
     for r in range(args.repeats):
         order = [("elastrain", "elastrain"), ("torchrun", "ddp")]

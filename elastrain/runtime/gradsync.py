@@ -13,7 +13,9 @@ bucket had left". Overlap is armed for a step only when the previous step's slot
 a gradient twice (no gradient accumulation), every rank has the same number of samples (so a wrong
 guess of the loss reduction is one exact rescale) and a sampler step is in flight. A late gradient
 (accumulation that started in an armed step) is not lost: it stays in ``p.grad`` and, since the
-slots tell every rank, all ranks run one more reduction of the deltas.
+slots tell every rank, all ranks run one more reduction of the deltas. Early buckets leave before
+the ledger's "processed" record is written; no rank can finish the step before the tail bucket, which
+leaves after it, so the exactly-once accounting is unchanged.
 """
 
 from __future__ import annotations

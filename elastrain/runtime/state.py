@@ -106,6 +106,9 @@ class State:
         the local loss is a mean over this rank's samples; with ``"sum"`` a sum. Either way the result
         equals the gradient of the mean loss over the global batch, whatever the world size. The
         membership flag rides in the same all-reduce, so checking for a resize costs nothing extra.
+        Most of the reduction already runs during ``backward()`` (gradient hooks), so between the two
+        calls some ``p.grad`` are None: read or clip gradients after this call. Afterwards each
+        ``p.grad`` is a view into a persistent buffer.
         """
         if self.model is None:
             raise ConfigError("State.allreduce_gradients needs State(model=...)")
