@@ -1,6 +1,7 @@
 """elastrain vs torchrun on the same MLP, data and machine: overhead, resize pauses, failure recovery.
 
     .venv/bin/python bench/vs_torchrun.py --json artifacts/bench.json [--repeats 3] [--quick]
+    .venv/bin/python bench/vs_torchrun.py --only steady --no-default --repeats 5   # the overhead alone
 
 Per repeat, in this order (the two steady-state runs alternate which goes first):
 
@@ -42,6 +43,7 @@ from scenarios import EVENTS, Plan, measure_steady, run_events
 from summary import aggregate, format_breakdown, format_table, ratios
 
 DEFAULT_EVENT_TIMEOUT_S = 40.0
+SYSTEMS = ("elastrain", "torchrun_tuned", "torchrun_default")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,6 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds; a whole repeat that would end later is skipped (default 880, for a 15 min bound)",
     )
     p.add_argument("--no-default", action="store_true", help="skip torchrun with its default settings")
+    p.add_argument(
+        "--only",
+        choices=["steady"],
+        help="run only this measurement (steady: the two steady-state runs of each repeat)",
+    )
     return p.parse_args(argv)
 
 
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.extend(
                 {"measurement": m, "system": sys_, "repeat": r, "status": "skipped", "note": "--deadline"}
                 for m, sys_ in [("steady", "elastrain"), ("steady", "torchrun")]
-                + [(e, x) for e in EVENTS for x in ("elastrain", "torchrun_tuned", "torchrun_default")]
+                + [(e, x) for e in (() if args.only else EVENTS) for x in SYSTEMS]
             )
             continue
         t_main = time.monotonic()
@@ -136,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for make in steady if r % 2 == 0 else steady[::-1]:
             record([measure_steady(make(), plan, r)])
+        if args.only == "steady":
+            main_cost = time.monotonic() - t_main
+            continue
         record(run_events("elastrain", lambda name: ElastrainJob(run_id, name, work / name), plan, r))
         tuned = lambda name: TorchrunJob(run_id, name, work / name, tuned=True)  # noqa: E731
         record(run_events("torchrun_tuned", tuned, plan, r))
@@ -185,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {
                 "repeats": repeats,
                 "quick": args.quick,
+                "only": args.only,
                 "plan": {
                     "warmup_steps": plan.warmup_steps,
                     "steady_window": plan.steady_window,

@@ -20,6 +20,7 @@ class LaunchContext:
     run_id: str = ""
     backend: str = ""
     collective_timeout_s: float = 60.0
+    bucket_bytes: int = 2 * 1024 * 1024  # gradient bucket size (ELASTRAIN_BUCKET_BYTES)
     heartbeat_s: float = 1.0
     coordinator_timeout_s: float = 30.0
     checkpoint_dir: Path | None = None
@@ -52,6 +53,7 @@ class LaunchContext:
             run_id=env.get("ELASTRAIN_RUN_ID", ""),
             backend=env.get("ELASTRAIN_BACKEND", ""),
             collective_timeout_s=float(env.get("ELASTRAIN_COLLECTIVE_TIMEOUT", "60")),
+            bucket_bytes=int(env.get("ELASTRAIN_BUCKET_BYTES", str(2 * 1024 * 1024))),
             heartbeat_s=float(env.get("ELASTRAIN_HEARTBEAT_INTERVAL", "1")),
             coordinator_timeout_s=float(env.get("ELASTRAIN_COORDINATOR_TIMEOUT", "30")),
             checkpoint_dir=Path(ckpt) if ckpt else None,

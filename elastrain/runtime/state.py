@@ -20,7 +20,7 @@ from elastrain.runtime.checkpoint import (
     load_checkpoint,
 )
 from elastrain.runtime.data import BatchPolicy, ElasticSampler
-from elastrain.runtime.gradsync import GradientSync
+from elastrain.runtime.gradsync import GradientSync, StepShape
 from elastrain.runtime.progress import ProgressReporter
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class State:
         self._checkpointer: Checkpointer | None = None
         self._resumed = False
         self._progress = ProgressReporter()
-        self._grads = GradientSync()
+        self._grads = GradientSync(self._overlap_shape)
         self._samples_total = 0
         if sampler is not None:
             sampler.bind(self._rank_and_world)
@@ -69,6 +69,17 @@ class State:
     def _rank_and_world(self) -> tuple[int, int]:
         rt = self._runtime
         return (rt.rank, rt.world_size) if rt is not None else (0, 1)
+
+    def _collective(self, rt: Runtime) -> bool:
+        return rt.world_size > 1 or rt.rendezvous is not None
+
+    def _overlap_shape(self) -> StepShape | None:
+        """The sampler step in flight, for the gradient hooks (None: no overlap possible)."""
+        rt = self._runtime
+        current = self.sampler.current() if self.sampler is not None else None
+        if rt is None or current is None or not self._collective(rt):
+            return None
+        return StepShape(len(current.indices), current.size, current.size % rt.world_size == 0)
 
     def _counters(self) -> dict[str, Any]:
         return {name: copy.deepcopy(getattr(self, name)) for name in self._counter_names}
@@ -95,6 +106,9 @@ class State:
         the local loss is a mean over this rank's samples; with ``"sum"`` a sum. Either way the result
         equals the gradient of the mean loss over the global batch, whatever the world size. The
         membership flag rides in the same all-reduce, so checking for a resize costs nothing extra.
+        Most of the reduction already runs during ``backward()`` (gradient hooks), so between the two
+        calls some ``p.grad`` are None: read or clip gradients after this call. Afterwards each
+        ``p.grad`` is a view into a persistent buffer.
         """
         if self.model is None:
             raise ConfigError("State.allreduce_gradients needs State(model=...)")
@@ -102,13 +116,17 @@ class State:
             raise ConfigError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         rt = self._require_runtime()
         current = self.sampler.current() if self.sampler is not None else None
-        local_n = len(current.indices) if current is not None else 1
+        collective = self._collective(rt)
+        if current is not None:
+            shape = StepShape(len(current.indices), current.size, current.size % rt.world_size == 0)
+        else:  # one sample per rank: the plain average over ranks
+            world = rt.world_size if collective else 1
+            shape = StepShape(1, world, True)
         if current is not None and rt.generation is not None:
             rt.ledger.processed(rt.generation.number, current.epoch, self.step, current.indices)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        collective = rt.world_size > 1 or rt.rendezvous is not None
         total, self._agreed_pending = self._grads.allreduce(
-            params, local_n, loss_reduction, rt.pending(), collective
+            params, shape, loss_reduction, rt.pending(), collective, rt.context.bucket_bytes
         )
         return total
 
@@ -155,6 +173,7 @@ class State:
             setattr(self, name, copy.deepcopy(value))
         if self.sampler is not None:
             self.sampler.reset()
+        self._grads.abandon()
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         self._agreed_pending = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,14 @@ def example(params_out: Path, *extra: str, epochs: int = EPOCHS, sleep: float = 
 def full_speed(tmp_path: Path) -> None:
     """The faults are done: let the job run at full speed to the end."""
     (tmp_path / "slow").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_gradient_buckets() -> Iterator[None]:
+    """The example's CNN (80 kB of float64 gradients) in 16 kB buckets: every run overlaps all-reduces."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ELASTRAIN_BUCKET_BYTES", "16384")
+        yield
 
 
 @pytest.fixture(scope="module")
