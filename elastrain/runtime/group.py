@@ -44,6 +44,7 @@ class GroupManager:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.local_rank = local_rank
         self._store: dist.TCPStore | None = None
+        self._store_address = ""
         self.generation: int | None = None
         if self.backend == "nccl":
             torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
@@ -70,13 +71,20 @@ class GroupManager:
     def build(self, generation: Generation, rank: int) -> None:
         """Create the default group for `generation` (a fresh store prefix per generation)."""
         self.destroy()
-        if self._store is None:
+        if self._store is None or self._store_address != generation.store_address:
             host, port = parse_address(generation.store_address)
             self._store = dist.TCPStore(host, port, is_master=False, timeout=self.timeout, use_libuv=True)
+            self._store_address = generation.store_address
         store = dist.PrefixStore(f"elastrain/g{generation.number}", self._store)
-        dist.init_process_group(
-            self.backend, store=store, rank=rank, world_size=generation.world_size, timeout=self.timeout
-        )
+        try:
+            dist.init_process_group(
+                self.backend, store=store, rank=rank, world_size=generation.world_size, timeout=self.timeout
+            )
+        except Exception:
+            # The store connection may be the broken one: a restarted coordinator (`--rejoin`) serves
+            # a new store, possibly at the same address. Reconnect for the next generation.
+            self._store = None
+            raise
         self.generation = generation.number
 
     def destroy(self) -> None:
