@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from elastrain.chaos.control_plane import ServerProcess, free_port, wait_until
 from elastrain.chaos.job import JobWatcher
 from elastrain.client import Client
 from elastrain.errors import ConfigError
@@ -35,21 +35,6 @@ def _say(text: str) -> None:
     print(f"\n=== demo --cluster: {text}", flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise ConfigError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-    return value
-
-
 class _ServerJob:
     """A control-plane job seen as a process: `poll()` is None while it runs."""
 
@@ -61,38 +46,27 @@ class _ServerJob:
         return None if job["status"] in ("Pending", "Running") else int(job["exit_code"] or 1)
 
 
-def _start_server(data: Path, mounts: Path, port: int) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "elastrain", "server", "--port", str(port), "--data-dir", str(data)]
-    argv += ["--gpus", "8", "--allow-mount", str(mounts)]
-    log = open(data.parent / "server.log", "ab")  # noqa: SIM115 - the server's own log, kept with the run
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def run_cluster_demo(json_path: Path | None, epochs: int = 6, workdir: Path | None = None) -> int:
     """Run the control-plane demo; returns 0 when every check holds."""
     if not (EXAMPLES / "mnist_elastic.py").exists():
         raise ConfigError(f"{EXAMPLES} not found; run the demo from a checkout of the repository")
     work = workdir or Path(tempfile.mkdtemp(prefix="elastrain-cluster-demo-"))
-    data, mounts = work / "data", work / "mounts"
+    mounts = work / "mounts"
     examples, ledger = mounts / "examples", mounts / "examples" / "ledger"
     examples.mkdir(parents=True, exist_ok=True)
     for name in ("mnist_elastic.py", "mnist1d_data.py"):
         shutil.copy(EXAMPLES / name, examples / name)
     subprocess.run([sys.executable, str(examples / "mnist1d_data.py")], check=True, stdout=subprocess.DEVNULL)
-    port = _free_port()
-    data.mkdir(parents=True, exist_ok=True)
-    server = _start_server(data, mounts, port)
+    server = ServerProcess(work / "server", free_port(), ("--allow-mount", str(mounts)))
     timings: dict[str, float] = {}
     try:
-        url = f"http://127.0.0.1:{port}"
-        _wait("the server's admin token", lambda: (data / "admin-token").exists(), 60)
-        with Client(url, (data / "admin-token").read_text().strip()) as c:
-            _wait("the server to answer", lambda: _answers(c), 60)
-            _say(f"server at {url}; data in {data}")
+        _say(f"starting elastrain server at {server.url}")
+        server.start()
+        _say(f"server at {server.url}; data in {server.data}")
+        with server.client() as c:
             code = _flow(c, examples, ledger, epochs, timings)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        server.stop()  # deletes what is left of the cluster, stops the server, kills stray inits
     report = build_report(ledger, TRAIN_SAMPLES)
     ok = code == 0 and all(
         (e["samples"], e["duplicates"], e["missing"]) == (TRAIN_SAMPLES, 0, 0) for e in report["epochs"]
@@ -107,14 +81,6 @@ def run_cluster_demo(json_path: Path | None, epochs: int = 6, workdir: Path | No
         json_path.write_text(json.dumps(report, indent=2))
         print(f"report written to {json_path}")
     return 0 if ok else 1
-
-
-def _answers(c: Client) -> bool:
-    try:
-        c.list_clusters()
-    except Exception:  # connection refused while it starts
-        return False
-    return True
 
 
 def _flow(c: Client, examples: Path, ledger: Path, epochs: int, timings: dict[str, float]) -> int:
@@ -139,7 +105,7 @@ def _flow(c: Client, examples: Path, ledger: Path, epochs: int, timings: dict[st
     _say("cluster scale tthvd --containers 4 (while the job trains)")
     t0 = time.monotonic()
     c.scale_cluster("tthvd", 4)
-    _wait("4 hosts in the hostfile", lambda: c.hostfile("tthvd").count("slots=") == 4, 60)
+    wait_until("4 hosts in the hostfile", lambda: c.hostfile("tthvd").count("slots=") == 4, 60)
     timings["scale 2->4 -> hostfile updated"] = time.monotonic() - t0
     generation = watcher.wait_world(4, 20)
     timings["scale 2->4 -> job trains with 4"] = time.monotonic() - t0
@@ -151,9 +117,11 @@ def _flow(c: Client, examples: Path, ledger: Path, epochs: int, timings: dict[st
     t0 = time.monotonic()
     c.scale_cluster("tthvd", 2)
     watcher.wait_world(2, 1)
-    _wait("2 containers", lambda: len(c.get_cluster("tthvd").containers) == 2, 60)
+    wait_until("2 containers", lambda: len(c.get_cluster("tthvd").containers) == 2, 60)
     timings["scale 4->2 -> containers removed after their workers left"] = time.monotonic() - t0
-    done = _wait("the job to finish", lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 900)
+    done = wait_until(
+        "the job to finish", lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 900
+    )
     _say(f"job {done['status']} (exit {done['exit_code']}); cluster delete tthvd")
     c.delete_cluster("tthvd")
     c.wait_deleted("tthvd", timeout=60)

@@ -76,8 +76,9 @@ def stop_server(proc: subprocess.Popen[bytes], client: Callable[[], Client]) -> 
 class ServerProcess:
     """One `elastrain server` on a private data dir; `kill()` is kill -9, `start()` again adopts."""
 
-    def __init__(self, root: Path, port: int) -> None:
+    def __init__(self, root: Path, port: int, extra_args: tuple[str, ...] = ()) -> None:
         self.root = root
+        self.extra_args = extra_args  # e.g. ("--allow-mount", DIR)
         self.data = root / "data"
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
@@ -90,7 +91,7 @@ class ServerProcess:
 
         self.root.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "elastrain", "server", "--port", str(self.port)]
-        argv += ["--data-dir", str(self.data), "--gpus", "8", "--reconcile-interval", "0.2"]
+        argv += ["--data-dir", str(self.data), "--gpus", "8", "--reconcile-interval", "0.2", *self.extra_args]
         t0 = time.monotonic()
         with open(self.root / "server.log", "ab") as log:
             proc = self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -123,7 +124,8 @@ class ServerProcess:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _port() -> int:
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now (for a private server)."""
     import socket
 
     with socket.socket() as s:
@@ -135,7 +137,7 @@ def run_kill_server(
     runner: ChaosRunner, scenario: Scenario, work: Path, reference: dict[str, Any]
 ) -> dict[str, Any]:
     """Run the kill-server scenario in `work`; returns the runner's figures plus the server's."""
-    server = ServerProcess(work / "server", _port())
+    server = ServerProcess(work / "server", free_port())
     records = LedgerRecords(work / "ledger")
     try:
         server.start()
