@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -237,17 +238,7 @@ class JobService:
             job = self._authenticated(session, job_id, token)
             self._record(session, job, progress.model_dump())
             if progress.checkpoint is not None:
-                cluster = session.get(Cluster, job.cluster_id)
-                detail = progress.checkpoint.model_dump()
-                add_event(
-                    session,
-                    "job",
-                    "job.checkpoint",
-                    cluster.name if cluster else "",
-                    job.owner_id,
-                    **detail,
-                    job=job.id,
-                )
+                self._add_job_event(session, job, "job", "job.checkpoint", progress.checkpoint.model_dump())
         if progress.hosts is not None:
             self.membership.record(job_id, progress.hosts)
 
@@ -255,57 +246,47 @@ class JobService:
         """The checkpoints the job reported, newest first."""
         with self.db.session() as session:
             job, cluster = self._job(session, user, job_id)
-            rows = session.scalars(
-                select(Event)
-                .where(Event.cluster == cluster, Event.action == "job.checkpoint")
-                .order_by(Event.id.desc())
-            )
+            found = self._job_events(session, job, cluster, "job.checkpoint")
             out = []
-            for event in rows:
-                detail = json.loads(event.detail or "{}")
-                if detail.pop("job", None) == job.id:
-                    out.append(schemas.CheckpointOut(at=aware(event.at) or event.at, **detail))
+            for event, detail in reversed(found):
+                detail.pop("job")
+                out.append(schemas.CheckpointOut(at=aware(event.at) or event.at, **detail))
             return out
 
     def record_incident(self, job_id: int, token: str, incident: schemas.JobIncident) -> None:
         """Store a generation change the job reported as a ``job.incident`` event of its cluster."""
         with self.db.session() as session:
             job = self._authenticated(session, job_id, token)
-            cluster = session.get(Cluster, job.cluster_id)
             detail = incident.model_dump(mode="json", exclude_none=True)
-            add_event(
-                session,
-                "elastrain run",
-                "job.incident",
-                cluster.name if cluster else "",
-                job.owner_id,
-                job=job.id,
-                **detail,
-            )
+            self._add_job_event(session, job, "elastrain run", "job.incident", detail)
 
     def events(self, user: User, job_id: int) -> Sequence[schemas.EventOut]:
-        """The job's events (submitted, incidents, cancelled), oldest first."""
+        """The job's events (submitted, incidents, checkpoints, cancelled), oldest first."""
         with self.db.session() as session:
             job, cluster = self._job(session, user, job_id)
-            query = (
-                select(Event)
-                .where(Event.cluster == cluster, Event.action.startswith("job."))
-                .order_by(Event.id)
-            )
-            out = []
-            for event in session.scalars(query):
-                detail = json.loads(event.detail or "{}")
-                if detail.get("job") == job.id:
-                    out.append(
-                        schemas.EventOut(
-                            at=event.at,
-                            actor=event.actor,
-                            action=event.action,
-                            cluster=cluster,
-                            detail=detail,
-                        )
-                    )
-            return out
+            return [
+                schemas.EventOut(
+                    at=event.at, actor=event.actor, action=event.action, cluster=cluster, detail=detail
+                )
+                for event, detail in self._job_events(session, job, cluster, "job.")
+            ]
+
+    @staticmethod
+    def _job_events(
+        session: Session, job: Job, cluster: str, action: str
+    ) -> Sequence[tuple[Event, dict[str, Any]]]:
+        """`job`'s events whose action starts with `action`, oldest first, with their decoded detail."""
+        query = (
+            select(Event).where(Event.cluster == cluster, Event.action.startswith(action)).order_by(Event.id)
+        )
+        found = [(event, json.loads(event.detail or "{}")) for event in session.scalars(query)]
+        return [(event, detail) for event, detail in found if detail.get("job") == job.id]
+
+    @staticmethod
+    def _add_job_event(session: Session, job: Job, actor: str, action: str, detail: dict[str, Any]) -> None:
+        """Record an event of `job` in its cluster's trail (``detail`` gains the job id)."""
+        cluster = session.get(Cluster, job.cluster_id)
+        add_event(session, actor, action, cluster.name if cluster else "", job.owner_id, **detail, job=job.id)
 
     @staticmethod
     def _authenticated(session: Session, job_id: int, token: str) -> Job:
