@@ -289,6 +289,20 @@ def settled(c: Client, name: str) -> Callable[[ClusterInfo], bool]:
     return check
 
 
+def job_world(c: Client, job_id: int) -> Callable[[int], Callable[[], bool]]:
+    """``world(n)``: a `wait_for` check that the job reports n workers (it must still be Running)."""
+
+    def world(size: int) -> Callable[[], bool]:
+        def check() -> bool:
+            current = c.get_job(job_id)
+            assert current["status"] == "Running", c.job_logs(job_id)[0][-3000:]
+            return bool(current["world_size"] == size)
+
+        return check
+
+    return world
+
+
 def _hostfile_with(c: Client, name: str, hosts: int) -> str | None:
     text = c.hostfile(name)
     return text if len(hostfile_hosts(text)) == hosts else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from tests.integration.test_control_plane import (  # noqa: F401 - cp and postgr
     ControlPlane,
     all_running,
     cp,
+    job_world,
     postgres,
     settled,
     sqlite_only,
@@ -94,14 +94,7 @@ def test_elastic_training_grows_and_shrinks_with_the_cluster(cp: ControlPlane) -
         train = "python /examples/mnist_elastic.py --epochs 100 --batch-size 256 --step-sleep 0.02"
         job = c.submit_job("train", f"{run} {train}".split())
 
-        def world(size: int) -> Callable[[], bool]:
-            def check() -> bool:
-                current = c.get_job(job["id"])
-                assert current["status"] == "Running", c.job_logs(job["id"])[0][-3000:]
-                return bool(current["world_size"] == size)
-
-            return check
-
+        world = job_world(c, job["id"])
         wait_for(world(2), 120, "the job to train with 2 workers")
         c.scale_cluster("train", 4)
         wait_for(world(4), 120, "the job to grow to 4 workers")

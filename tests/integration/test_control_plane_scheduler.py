@@ -13,7 +13,7 @@ import pytest
 
 from elastrain.client import Client, ClientError, ClusterInfo
 from elastrain.report import build_report
-from tests.integration.test_control_plane import REPO, ControlPlane, settled, wait_for
+from tests.integration.test_control_plane import REPO, ControlPlane, job_world, settled, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 SAMPLES = 10000  # MNIST-1D training set
@@ -118,14 +118,7 @@ def test_elastic_job_follows_the_scheduler_without_losing_a_sample(elastic_cp: C
         train = "python /examples/mnist_elastic.py --epochs 2 --batch-size 256 --step-sleep 0.05"
         job = c.submit_job("a", f"{run} --ledger /ledger/run {train}".split())
 
-        def world(size: int) -> Callable[[], bool]:
-            def check() -> bool:
-                current = c.get_job(job["id"])
-                assert current["status"] == "Running", c.job_logs(job["id"])[0][-3000:]
-                return bool(current["world_size"] == size)
-
-            return check
-
+        world = job_world(c, job["id"])
         wait_for(world(4), 90, "the job to train with 4 workers")
         c.create_cluster("b", containers=2, gpus_per_container=1, mounts=mounts)
         wait_for(world(2), 90, "the job to shrink to 2 workers for cluster b")

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from tests.integration.test_control_plane import (
     REPO,
     ControlPlane,
     hostfile_hosts,
+    job_world,
     record_timing,
     settled,
     wait_for,
@@ -138,14 +139,7 @@ def test_cluster_on_slurm_scale_drain_delete(scp: SlurmControlPlane, slurm: Slur
         train = f"python /examples/mnist_elastic.py --epochs {EPOCHS} --batch-size 128 --step-sleep 0.12"
         job = c.submit_job("sl", [*run.split(), "--ledger", "/examples/ledger", *train.split()])
 
-        def world(size: int) -> Callable[[], bool]:
-            def check() -> bool:
-                current = c.get_job(job["id"])
-                assert current["status"] == "Running", c.job_logs(job["id"])[0][-3000:]
-                return bool(current["world_size"] == size)
-
-            return check
-
+        world = job_world(c, job["id"])
         wait_for(world(3), 60, "the job to train with 3 workers (the launcher trains too)")
 
         t0 = time.monotonic()
