@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps
+.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps image test-fast
 
 install: $(STAMP)
 
@@ -18,11 +18,24 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(VENV)/bin/elastrain demo --json artifacts/demo.json
 
-demo-cluster: install
+demo-cluster: install container-deps
 	$(VENV)/bin/elastrain demo --cluster --json artifacts/demo-cluster.json
 
 demo-portal: install
 	scripts/demo_portal.sh
+
+# the container backend (the default) runs Debian's podman with runc; images are built with mmdebstrap.
+# Installed as root when missing; without them the container tests skip and the server falls back to
+# the process backend.
+container-deps:
+	@{ command -v podman && command -v runc && command -v mmdebstrap; } >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	  podman runc mmdebstrap netavark aardvark-dns catatonit conmon fuse-overlayfs uidmap; } || \
+	  echo "no podman/runc/mmdebstrap: container tests skip"
+
+# the OCI image jobs run in (offline: Debian bookworm rootfs + torch CPU venv + elastrain; cached)
+image: install container-deps
+	$(VENV)/bin/elastrain image build
 
 lint: install
 	$(VENV)/bin/ruff check elastrain tests examples bench
@@ -46,7 +59,11 @@ slurm-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge; } || \
 	  echo "no slurm-wlm/munge: slurm tests skip"
 
-test: lint portal-deps slurm-deps
+# lint, types, unit tests: the fast lane (under 3 minutes)
+test-fast: lint
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+test: lint portal-deps slurm-deps container-deps
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # 50 random faults (seeded: SEED=N reproduces a schedule) in one long run of the example; not in `make test`

@@ -184,12 +184,14 @@ class Client:
         containers: int = 2,
         gpus_per_container: int = 0,
         shm: str = "64Mi",
-        image: str = "local",
+        image: str = "",
         mounts: list[str] | None = None,
         restart_policy: str = "Always",
         min_containers: int | None = None,
         max_containers: int | None = None,
         priority: int = 0,
+        memory: str = "",
+        cpus: float = 0.0,
     ) -> ClusterInfo:
         """Create a cluster (its containers start asynchronously); ``min_containers``/``max_containers``
         make it elastic (a server started with ``--scheduler elastic`` resizes it within them)."""
@@ -200,6 +202,8 @@ class Client:
             "gpus_per_container": gpus_per_container,
             "shm": shm,
             "image": image,
+            "memory": memory,
+            "cpus": cpus,
             "mounts": mounts or [],
             "restart_policy": restart_policy,
             "min_containers": min_containers,

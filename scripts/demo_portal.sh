@@ -14,7 +14,7 @@ URL="http://127.0.0.1:$PORT"
 mkdir -p "$DATA/examples"
 cp "$HERE/examples/mnist_elastic.py" "$HERE/examples/mnist1d_data.py" "$DATA/examples/"
 
-"$PY" -m elastrain server --port "$PORT" --data-dir "$DATA/server" --gpus "$GPUS" \
+"$PY" -m elastrain server --backend process --port "$PORT" --data-dir "$DATA/server" --gpus "$GPUS" \
   --allow-mount "$DATA" >"$DATA/server.log" 2>&1 &
 SERVER=$!
 cleanup() {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +33,11 @@ class ContainerSpec:
     image: str = "local"
     mounts: tuple[Mount, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    framework: str = ""
+    tenant: str = ""  # the owner's user name: processes in a container run as this user
+    tenant_uid: int = 0  # ... with this uid (one per tenant; 0 = the server's own user, process backend)
+    memory_bytes: int = 0  # memory limit (0: none)
+    cpus: float = 0.0  # CPU limit in cores (0: none)
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class ContainerStatus:
     alive: bool
     ready: bool
     address: str = ""
+    exit_reason: str = ""  # for a container that ended: its exit code and last log lines
 
 
 class Backend(abc.ABC):
@@ -86,3 +93,44 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def logs(self, cluster: str, name: str) -> Iterator[str]:
         """The container's captured log lines."""
+
+    # --- with defaults: what the process backend does; the container backend overrides them -------
+    translates_paths = True  # commands see this machine's paths: the server rewrites container paths
+
+    def hostfile_path(self, cluster: str) -> Path | None:
+        """The file on this machine holding the cluster's hostfile (None: not readable here)."""
+        return None
+
+    def resolve_image(self, image: str, framework: str) -> str:
+        """The image a new cluster of `framework` runs; refuses (`InvalidRequest`) when none fits."""
+        return image or "local"
+
+    def api_url(self, cluster: str, server_url: str) -> str:
+        """The control plane's URL as processes in the cluster's containers reach it."""
+        return server_url
+
+    def terminal_command(self, spec: ContainerSpec, env: dict[str, str]) -> list[str] | None:
+        """argv of an interactive shell in the container (None: a shell on this machine in its root)."""
+        return None
+
+    def path_inside(self, cluster: str, name: str, path: str) -> str:
+        """How processes in the container name the container path `path`."""
+        return str(self.container_path(cluster, name, path))
+
+    def own_pid(self, spec: ContainerSpec, pid: int) -> int | None:
+        """The PID (on this machine) of the container's process that calls itself `pid` (None: not its)."""
+        return pid
+
+    def stop_processes(
+        self, spec: ContainerSpec, env_key: str, env_value: str, pid: int | None, signum: int
+    ) -> None:
+        """Signal the container's processes started with ``env_key=env_value`` (a job, an exec call),
+        and `pid` (a process on this machine that runs them): its process group by default."""
+        if pid:
+            try:
+                os.killpg(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release what the backend holds in this process (containers keep running)."""

@@ -53,6 +53,10 @@ class LocalBackend(Backend):
         """The cluster's directory."""
         return self.root / cluster
 
+    def hostfile_path(self, cluster: str) -> Path | None:
+        """The one hostfile every container's ``etc/mpi/hostfile`` links to."""
+        return self.cluster_dir(cluster) / "hostfile"
+
     def container_root(self, cluster: str, name: str) -> Path:
         """A container's root directory."""
         return self.root / cluster / name

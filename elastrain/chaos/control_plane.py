@@ -76,9 +76,12 @@ def stop_server(proc: subprocess.Popen[bytes], client: Callable[[], Client]) -> 
 class ServerProcess:
     """One `elastrain server` on a private data dir; `kill()` is kill -9, `start()` again adopts."""
 
-    def __init__(self, root: Path, port: int, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, root: Path, port: int, extra_args: tuple[str, ...] = (), backend: str = "process"
+    ) -> None:
         self.root = root
         self.extra_args = extra_args  # e.g. ("--allow-mount", DIR)
+        self.backend = backend
         self.data = root / "data"
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
@@ -91,7 +94,8 @@ class ServerProcess:
 
         self.root.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "elastrain", "server", "--port", str(self.port)]
-        argv += ["--data-dir", str(self.data), "--gpus", "8", "--reconcile-interval", "0.2", *self.extra_args]
+        argv += ["--data-dir", str(self.data), "--gpus", "8", "--reconcile-interval", "0.2"]
+        argv += ["--backend", self.backend, *self.extra_args]
         t0 = time.monotonic()
         with open(self.root / "server.log", "ab") as log:
             proc = self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

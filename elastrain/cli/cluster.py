@@ -61,7 +61,11 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-container", type=int, default=0, help="GPUs for each container")
     p.add_argument("--shm", default="64Mi", help="shared memory per container, e.g. 1Gi")
     p.add_argument("--mount", action="append", default=[], metavar="SRC:DST", help="mount a host path")
-    p.add_argument("--image", default="local", help="container image (the local backend ignores it)")
+    p.add_argument(
+        "--image", default="", help="container image (`elastrain image list`; default: the framework's image)"
+    )
+    p.add_argument("--memory", default="", help="memory limit per container, e.g. 4Gi (default: none)")
+    p.add_argument("--cpus", type=float, default=0.0, help="CPU limit per container in cores (default: none)")
     p.add_argument("--restart-policy", default="Always", choices=["Always", "Never"])
     p.add_argument(
         "--min-containers",
@@ -180,6 +184,8 @@ def _create(client: Client, args: argparse.Namespace) -> int:
         gpus_per_container=args.gpus_per_container,
         shm=args.shm,
         image=args.image,
+        memory=args.memory,
+        cpus=args.cpus,
         mounts=[resolve_mount(m) for m in args.mount],
         restart_policy=args.restart_policy,
         min_containers=args.min_containers,

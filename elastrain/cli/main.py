@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from elastrain.cli.chaos_cmd import add_chaos_parser, cmd_chaos
+from elastrain.cli.image_cmd import add_image_parser, cmd_image
 from elastrain.cli.run_cmd import add_run_parser, cmd_run
 from elastrain.errors import ElastrainError
 
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_hosts(sub)
     _add_demo(sub)
     add_chaos_parser(sub)
+    add_image_parser(sub)
     from elastrain.cli.cluster import add_control_plane_commands
 
     add_control_plane_commands(sub)  # server, cluster, user, job
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {
         "run": cmd_run,
         "chaos": cmd_chaos,
+        "image": cmd_image,
         "hosts": _cmd_hosts,
         "demo": _cmd_demo,
         **control_plane_handlers(),

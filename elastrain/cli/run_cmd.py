@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
+from elastrain.agent.noded import SECRET_ENV
 from elastrain.errors import ElastrainError
 
 
@@ -114,6 +116,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         from elastrain.launcher.slurm import SlurmAgentStarter, coordinator_host
 
         starter, args.coordinator_host = SlurmAgentStarter(), coordinator_host(args.coordinator_host)
+    elif starter is None and os.environ.get(SECRET_ENV):
+        # in a container of a cluster: other containers' agents start through their node daemons,
+        # and the coordinator listens on this container's address on the cluster network
+        from elastrain.launcher.node_client import NodeAgentStarter
+        from elastrain.launcher.slurm import coordinator_host
+
+        starter, args.coordinator_host = NodeAgentStarter(), coordinator_host(args.coordinator_host)
     config = LaunchConfig(
         command=command,
         hosts=source,

@@ -136,6 +136,9 @@ class Cluster(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     admitted: Mapped[bool] = mapped_column(Boolean, default=True)  # False: the scheduler holds it queued
     size_reason: Mapped[str] = mapped_column(Text, default="")  # why it has its current size
+    # migration 0004: per-container limits (0: none)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    cpus: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     containers: Mapped[list[Container]] = relationship(
         back_populates="cluster", cascade="all, delete-orphan", order_by="Container.id"

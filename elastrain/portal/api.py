@@ -7,6 +7,7 @@ message, since browsers cannot set headers on a WebSocket), and only the owner s
 import asyncio
 import json
 import logging
+import pathlib
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, WebSocket, WebSocketDisconnect
@@ -60,10 +61,17 @@ def terminal_target(services: Services, user: User, name: str) -> TerminalTarget
             raise Conflict(f"the launcher container of {name!r} is not Running yet; wait and retry")
         spec = container_spec(cluster, launchers[0], services.inventory.real)
     backend = services.backend
+    label = f"{spec.cluster}/{spec.name}"
+    if not backend.translates_paths:  # a real container: a shell inside it, as the tenant
+
+        def shell(env: dict[str, str]) -> list[str] | None:
+            return backend.terminal_command(spec, env)
+
+        return TerminalTarget(cwd=pathlib.Path("/"), env={}, label=label, argv_for=shell)
     root = backend.container_path(spec.cluster, spec.name, "/")
     environment = getattr(backend, "environment", None)
     env = environment(spec) if callable(environment) else {}
-    return TerminalTarget(cwd=root, env=env, label=f"{spec.cluster}/{spec.name}", shm_bytes=spec.shm_bytes)
+    return TerminalTarget(cwd=root, env=env, label=label, shm_bytes=spec.shm_bytes)
 
 
 def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:

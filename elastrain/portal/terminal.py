@@ -37,6 +37,8 @@ class TerminalTarget:
     env: dict[str, str]
     label: str
     shm_bytes: int = 0  # the container's /dev/shm size (enforced where the OS allows)
+    # a real container: argv of a shell inside it, given the shell's extra environment
+    argv_for: Callable[[dict[str, str]], list[str] | None] | None = None
 
 
 def _shell() -> list[str]:
@@ -86,8 +88,9 @@ class TerminalSession:
             env["PATH"] = os.pathsep.join(
                 [bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p != bin_dir)]
             )
+            argv = target.argv_for(target.env) if target.argv_for is not None else None
             proc = subprocess.Popen(
-                with_shm_limit(_shell(), target.shm_bytes),
+                argv or with_shm_limit(_shell(), target.shm_bytes),
                 cwd=target.cwd,
                 env=env,
                 stdin=slave,

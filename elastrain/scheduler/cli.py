@@ -38,8 +38,9 @@ def add_simulate_command(sub: argparse._SubParsersAction) -> None:
 class ProgressBar:
     """A one-line text progress bar on a stream, redrawn at most every 0.2 s."""
 
-    def __init__(self, label: str, stream: TextIO = sys.stderr, width: int = 30) -> None:
-        self.label, self.stream, self.width = label, stream, width
+    def __init__(self, label: str, stream: TextIO | None = None, width: int = 30) -> None:
+        # sys.stderr looked up now, not when the module was imported (tests swap it)
+        self.label, self.stream, self.width = label, stream or sys.stderr, width
         self._last = 0.0
 
     def __call__(self, done: int, total: int) -> None:

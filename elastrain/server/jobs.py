@@ -21,13 +21,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend
-from elastrain.backends.local import HOSTFILE_PATH
 from elastrain.backends.procs import cmdline, pid_alive
 from elastrain.db.models import (
     Cluster,
@@ -43,17 +42,45 @@ from elastrain.db.models import (
 from elastrain.db.repository import add_event, find_cluster, hash_token, visible_jobs
 from elastrain.db.session import Database
 from elastrain.server import schemas
-from elastrain.server.errors import Conflict, NotFound, Unauthorized
+from elastrain.server.errors import Conflict, InvalidRequest, NotFound, Unauthorized
 from elastrain.server.inventory import Inventory
 from elastrain.server.membership import JobMembership
-from elastrain.server.reconciler import aware, container_spec
-from elastrain.server.services import check_owner, rewrite_command
+from elastrain.server.reconciler import aware, container_spec, tenant_uid
+from elastrain.server.services import check_owner, command_for
 
 _PROGRESS = re.compile(
     r"epoch (?P<epoch>\d+) done: world (?P<world_size>\d+), step (?P<step>\d+), loss (?P<loss>[-\d.eE+]+)"
     r"|generation \d+ formed: (?P<generation_world>\d+) workers"  # `elastrain run -v`
 )
 _FIELDS = ("step", "epoch", "loss", "samples_per_s", "world_size")
+
+
+def _log_path(job_id: int) -> str:
+    return f"/var/log/jobs/{job_id}.log"  # in the launcher container
+
+
+def _exit_path(job_id: int) -> str:
+    return f"/var/log/jobs/{job_id}.exit"
+
+
+def create_private_file(path: Path, data: bytes, owner_uid: int | None) -> None:
+    """Create `path` afresh (never through a link a tenant planted there), owned by `owner_uid` if given."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+        if owner_uid is not None:
+            try:
+                os.fchown(fd, owner_uid, owner_uid)
+            except PermissionError:
+                pass
+    finally:
+        os.close(fd)
+
+
+def open_no_follow(path: Path) -> BinaryIO:
+    """Open a job file for reading, refusing a symbolic link (a tenant may have replaced the file)."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
 
 
 def job_out(job: Job, cluster: str) -> schemas.JobOut:
@@ -105,25 +132,15 @@ class JobService:
                 raise Conflict(f"cluster {name!r} has no Running launcher yet; wait for it and retry")
             spec = container_spec(cluster, launcher, self.inventory.real)
             job, log_path = self._new_job(session, cluster, launcher.name, user, req.command, token)
-            hostfile = self.backend.container_path(spec.cluster, spec.name, HOSTFILE_PATH)
-            mounts = {
-                m.target: self.backend.container_path(spec.cluster, spec.name, m.target) for m in spec.mounts
-            }
-            command = rewrite_command(req.command, hostfile, mounts)
+            command = command_for(self.backend, spec, req.command)
             env = {
                 "ELASTRAIN_JOB_ID": str(job.id),
-                "ELASTRAIN_REPORT_URL": self.report_url,
+                "ELASTRAIN_REPORT_URL": self.backend.api_url(cluster.name, self.report_url),
                 "ELASTRAIN_REPORT_TOKEN": token,
             }
-            wrapped = [
-                sys.executable,
-                "-m",
-                "elastrain.backends.jobrun",
-                "--exit-file",
-                str(log_path.with_suffix(".exit")),
-                "--",
-                *command,
-            ]
+            exit_file = self.backend.path_inside(cluster.name, launcher.name, _exit_path(job.id))
+            python = sys.executable if self.backend.translates_paths else "python"  # the image's own
+            wrapped = [python, "-m", "elastrain.backends.jobrun", "--exit-file", exit_file, "--", *command]
             spec = dataclasses.replace(spec, env={**spec.env, **env})
             proc = self.backend.exec(spec, wrapped, log_path=log_path)
             job.pid = proc.pid
@@ -143,9 +160,10 @@ class JobService:
         )
         session.add(job)
         session.flush()
-        log_path = self.backend.container_path(cluster.name, launcher, f"/var/log/jobs/{job.id}.log")
+        log_path = self.backend.container_path(cluster.name, launcher, _log_path(job.id))
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(f"$ {shlex.join(command)}\n")
+        owner = None if self.backend.translates_paths else tenant_uid(cluster.owner_id)
+        create_private_file(log_path, f"$ {shlex.join(command)}\n".encode(), owner)
         job.log_path = str(log_path)
         return job, log_path
 
@@ -157,7 +175,8 @@ class JobService:
         token = secrets.token_urlsafe(24)
         with self._attach_lock:
             self._attach_tokens[hash_token(token)] = (user.id, cluster)
-        return {"ELASTRAIN_ATTACH_URL": self.report_url, "ELASTRAIN_ATTACH_TOKEN": token}
+        url = self.backend.api_url(cluster, self.report_url)
+        return {"ELASTRAIN_ATTACH_URL": url, "ELASTRAIN_ATTACH_TOKEN": token}
 
     def attach(self, token: str, req: schemas.JobAttach) -> schemas.JobAttached:
         """Register a running ``elastrain run`` (authenticated by an attach token) as a job."""
@@ -174,17 +193,21 @@ class JobService:
             launcher = next((k for k in cluster.containers if k.role == ContainerRole.launcher), None)
             if launcher is None:
                 raise Conflict(f"cluster {cluster.name!r} has no launcher container")
-            job, log_path = self._new_job(session, cluster, launcher.name, user, req.command, report_token)
-            job.pid = req.pid
+            pid = self.backend.own_pid(container_spec(cluster, launcher, self.inventory.real), req.pid)
+            if pid is None:
+                raise InvalidRequest(f"pid {req.pid} is not a process of {launcher.name}")
+            job, _log = self._new_job(session, cluster, launcher.name, user, req.command, report_token)
+            job.pid = pid
             add_event(
                 session, user.name, "job.attached", cluster.name, user.id, job=job.id, command=req.command
             )
+            inside = self.backend.path_inside
             return schemas.JobAttached(
                 id=job.id,
-                report_url=self.report_url,
+                report_url=self.backend.api_url(cluster.name, self.report_url),
                 report_token=report_token,
-                log_path=str(log_path),
-                exit_path=str(log_path.with_suffix(".exit")),
+                log_path=inside(cluster.name, launcher.name, _log_path(job.id)),
+                exit_path=inside(cluster.name, launcher.name, _exit_path(job.id)),
             )
 
     def _job(self, session: Session, user: User, job_id: int) -> tuple[Job, str]:
@@ -212,7 +235,7 @@ class JobService:
             job, _cluster = self._job(session, user, job_id)
             path, status = Path(job.log_path), job.status.value
         try:
-            with open(path, "rb") as f:
+            with open_no_follow(path) as f:
                 f.seek(max(offset, 0))
                 data = f.read(1 << 20)
         except OSError:
@@ -224,10 +247,13 @@ class JobService:
         with self.db.session() as session:
             job, cluster = self._job(session, user, job_id)
             if job.status == JobStatus.Running and job.pid and self._alive(job):
-                try:
-                    os.killpg(job.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                row = session.get(Cluster, job.cluster_id)
+                launchers = [k for k in row.containers if k.role == ContainerRole.launcher] if row else []
+                if row is not None and launchers:
+                    spec = container_spec(row, launchers[0], self.inventory.real)
+                    self.backend.stop_processes(
+                        spec, "ELASTRAIN_JOB_ID", str(job.id), job.pid, signal.SIGTERM
+                    )
                 job.status, job.finished_at = JobStatus.Cancelled, utcnow()
                 add_event(session, user.name, "job.cancelled", cluster, user.id, job=job.id)
             return job_out(job, cluster)
@@ -320,7 +346,8 @@ class JobService:
                     continue
                 exit_file = Path(job.log_path).with_suffix(".exit")
                 try:
-                    job.exit_code = int(exit_file.read_text().strip())
+                    with open_no_follow(exit_file) as f:
+                        job.exit_code = int(f.read(64).strip())
                 except (OSError, ValueError):
                     job.exit_code = None
                 job.status = JobStatus.Succeeded if job.exit_code == 0 else JobStatus.Failed
@@ -333,7 +360,7 @@ class JobService:
     def _scrape(self, session: Session, job: Job) -> None:
         offset = self._offsets.get(job.id, 0)
         try:
-            with open(job.log_path, "rb") as f:
+            with open_no_follow(Path(job.log_path)) as f:
                 f.seek(offset)
                 data = f.read(1 << 20)
         except OSError:

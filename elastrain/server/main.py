@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING
 from elastrain.errors import ConfigError
 
 if TYPE_CHECKING:
+    from elastrain.backends.api import Backend
     from elastrain.db.session import Database
+    from elastrain.server.inventory import Inventory
 
 log = logging.getLogger("elastrain.server")
 DEFAULT_DATA_DIR = Path("~/.elastrain").expanduser()
@@ -20,7 +22,7 @@ DEFAULT_DATA_DIR = Path("~/.elastrain").expanduser()
 
 def add_server_parser(sub: argparse._SubParsersAction) -> None:
     """Register `elastrain server`."""
-    p = sub.add_parser("server", help="run the control plane (REST API, reconciler, local backend)")
+    p = sub.add_parser("server", help="run the control plane (REST API, reconciler, container backend)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="database, tokens, containers")
@@ -28,9 +30,10 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, help="declare N virtual GPUs (default: detected GPUs, else 8 virtual)")
     p.add_argument(
         "--backend",
-        choices=("local", "slurm"),
-        default="local",
-        help="where containers run: local processes, or Slurm jobs (SLURM_CONF; default --gpus: its GPUs)",
+        choices=("container", "process", "local", "slurm"),
+        help="where containers run: 'container' (podman OCI containers; the default where podman works), "
+        "'process' (directories and processes on this machine: isolates nothing; 'local' is its old name), "
+        "or 'slurm' (Slurm jobs; SLURM_CONF; default --gpus: its GPUs)",
     )
     p.add_argument(
         "--allow-mount",
@@ -86,15 +89,58 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def make_backend(args: argparse.Namespace, data_dir: Path) -> tuple[Backend, Inventory]:
+    """The backend `--backend` names (default: containers where podman works) and the GPU inventory."""
+    from elastrain.backends.podmanctl import podman_works
+    from elastrain.server.inventory import Inventory
+
+    if args.backend is None:
+        args.backend = "container" if podman_works() else "process"
+        if args.backend == "process":
+            print(
+                "elastrain server: podman cannot run containers here; using the process backend, "
+                "which isolates nothing (install podman and runc for real containers)",
+                file=sys.stderr,
+                flush=True,
+            )
+    if args.backend == "slurm":
+        from elastrain.backends.slurm import SlurmBackend
+        from elastrain.backends.slurmctl import SlurmError
+
+        slurm = SlurmBackend(data_dir)
+        try:  # virtual GPU ids for the policy; Slurm picks the real ones (--gres)
+            gpus = args.gpus if args.gpus is not None else slurm.slurm.total_gpus()
+        except SlurmError as exc:
+            raise ConfigError(f"--backend slurm: cannot reach Slurm (SLURM_CONF?): {exc}") from None
+        return slurm, Inventory.create(gpus, str(data_dir))
+    inventory = Inventory.create(args.gpus, str(data_dir))
+    if args.backend == "container":
+        from elastrain.backends.container import ContainerBackend
+
+        if not podman_works():
+            raise ConfigError(
+                "--backend container: podman cannot run containers here; install podman and runc "
+                "(apt-get install podman runc) or use --backend process"
+            )
+        return ContainerBackend(data_dir), inventory
+    from elastrain.backends.local import LocalBackend
+
+    args.backend = "process"
+    print(
+        "elastrain server: warning: the process backend isolates nothing: a tenant's shell and jobs run "
+        "as the server's user on this machine",
+        file=sys.stderr,
+        flush=True,
+    )
+    return LocalBackend(data_dir), inventory
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Run until interrupted; containers keep running when the server stops (a restart adopts them)."""
     import uvicorn
 
-    from elastrain.backends.api import Backend
-    from elastrain.backends.local import LocalBackend
     from elastrain.db.session import Database
     from elastrain.server.app import create_app
-    from elastrain.server.inventory import Inventory
     from elastrain.server.jobs import JobService
     from elastrain.server.membership import JobMembership
     from elastrain.server.reconciler import Reconciler
@@ -120,20 +166,7 @@ def run_server(args: argparse.Namespace) -> int:
         first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"cannot open or migrate the database: {first}") from None
     token = bootstrap_admin(db, data_dir)
-    backend: Backend
-    if args.backend == "slurm":
-        from elastrain.backends.slurm import SlurmBackend
-        from elastrain.backends.slurmctl import SlurmError
-
-        backend = SlurmBackend(data_dir)
-        try:  # virtual GPU ids for the policy; Slurm picks the real ones (--gres)
-            gpus = args.gpus if args.gpus is not None else backend.slurm.total_gpus()
-        except SlurmError as exc:
-            raise ConfigError(f"--backend slurm: cannot reach Slurm (SLURM_CONF?): {exc}") from None
-        inventory = Inventory.create(gpus, str(data_dir))
-    else:
-        backend = LocalBackend(data_dir)
-        inventory = Inventory.create(args.gpus, str(data_dir))
+    backend, inventory = make_backend(args, data_dir)
     membership = JobMembership()
     reconciler = Reconciler(
         db,
@@ -146,6 +179,9 @@ def run_server(args: argparse.Namespace) -> int:
     services = Services(db, backend, inventory, reconciler, allowed_mount_roots=roots)
     url = f"http://{args.host}:{args.port}"
     local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    serve_api = getattr(backend, "serve_api", None)
+    if callable(serve_api):  # containers reach the API through a relay on their network's gateway
+        serve_api(args.host, args.port)
     jobs = JobService(db, backend, inventory, report_url=f"http://{local}:{args.port}", membership=membership)
     reconciler.hooks.append(jobs.poll)
     services.attach_env = jobs.attach_env
@@ -170,6 +206,7 @@ def run_server(args: argparse.Namespace) -> int:
         uvicorn.Server(config).run()
     finally:
         reconciler.stop()
+        backend.close()
         db.dispose()
     return 0
 

@@ -109,8 +109,12 @@ def plan(
     inventory: Inventory,
     now: datetime,
     drain: timedelta,
+    named_hosts: bool = False,
 ) -> list[Decision]:
-    """Every decision needed to move the backend and the rows toward the desired state."""
+    """Every decision needed to move the backend and the rows toward the desired state.
+
+    With `named_hosts` (containers on their own networks) a container's address is its host name;
+    otherwise a free loopback address."""
     used_gpus = [g for c in clusters for k in c.containers if k.state in _HOLDS_RESOURCES for g in k.gpu_ids]
     pool = _Pool({k.address for c in clusters for k in c.containers}, inventory.free_ids(used_gpus))
     by_key = {(s.cluster, s.name): s for s in actual}
@@ -120,7 +124,7 @@ def plan(
         if (status.cluster, status.name) not in known:
             decisions.append(Decision(Action.stop_orphan, status.cluster, status.name))
     for cluster in clusters:
-        decisions += _plan_cluster(cluster, by_key, pool, now, drain, inventory)
+        decisions += _plan_cluster(cluster, by_key, pool, now, drain, inventory, named_hosts)
     return decisions
 
 
@@ -131,6 +135,7 @@ def _plan_cluster(
     now: datetime,
     drain: timedelta,
     inventory: Inventory,
+    named_hosts: bool = False,
 ) -> list[Decision]:
     if cluster.state == ClusterState.Terminating:
         return [Decision(Action.finalize_delete, cluster.name)]
@@ -155,7 +160,8 @@ def _plan_cluster(
             elif status is None:
                 out.append(Decision(Action.start, cluster.name, row.name))
             elif not alive:
-                out.append(_failed(cluster, row, "the container's init process exited before it was ready"))
+                why = status.exit_reason or "the container's init process exited before it was ready"
+                out.append(_failed(cluster, row, why))
                 live.pop(row.name)
         elif row.state == ContainerState.Running:
             if alive and status is not None:
@@ -165,7 +171,8 @@ def _plan_cluster(
                     out.append(Decision(Action.mark_running, cluster.name, row.name, pid=status.pid))
             else:
                 pid = row.pid if row.pid is not None else "?"
-                out.append(_failed(cluster, row, f"the container's init process (pid {pid}) exited"))
+                why = status.exit_reason if status is not None and status.exit_reason else ""
+                out.append(_failed(cluster, row, why or f"the container's init process (pid {pid}) exited"))
                 if cluster.restart_policy == RestartPolicy.Always:
                     out.append(Decision(Action.remove, cluster.name, row.name))
         elif row.state == ContainerState.Failed:
@@ -182,7 +189,7 @@ def _plan_cluster(
             else:
                 continue
             out.append(Decision(Action.remove, cluster.name, row.name, reason=why))
-    out += _scale(cluster, live, running, pool, inventory)
+    out += _scale(cluster, live, running, pool, inventory, named_hosts)
     return out
 
 
@@ -200,7 +207,12 @@ def _failed(cluster: ClusterView, row: ContainerView, reason: str) -> Decision:
 
 
 def _scale(
-    cluster: ClusterView, live: dict[str, ContainerView], running: set[str], pool: _Pool, inventory: Inventory
+    cluster: ClusterView,
+    live: dict[str, ContainerView],
+    running: set[str],
+    pool: _Pool,
+    inventory: Inventory,
+    named_hosts: bool = False,
 ) -> list[Decision]:
     """Add or drain containers toward the desired count (GPU-gated), then hostfile and cluster state."""
     out: list[Decision] = []
@@ -250,7 +262,7 @@ def _scale(
             break
         gpu_ids = tuple(pool.free_gpus[:need])
         del pool.free_gpus[:need]
-        address = allocate_address(pool.addresses, inventory.address_octet)
+        address = name if named_hosts else allocate_address(pool.addresses, inventory.address_octet)
         pool.addresses.add(address)
         out.append(Decision(Action.add, cluster.name, name, role=role, address=address, gpu_ids=gpu_ids))
     out += _hostfile(cluster, live, running)

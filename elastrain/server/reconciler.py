@@ -24,6 +24,7 @@ from elastrain.server.scheduling import ClusterScheduler, default_scheduler
 
 log = logging.getLogger("elastrain.reconciler")
 ACTOR = "reconciler"
+TENANT_UID_BASE = 20000
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -78,7 +79,17 @@ def container_spec(cluster: Cluster, row: Container, real_gpus: bool) -> Contain
         shm_bytes=cluster.shm_bytes,
         image=cluster.image,
         mounts=mounts,
+        framework=cluster.framework.value,
+        tenant=cluster.owner.name,
+        tenant_uid=tenant_uid(cluster.owner_id),
+        memory_bytes=cluster.memory_bytes or 0,
+        cpus=cluster.cpus or 0.0,
     )
+
+
+def tenant_uid(user_id: int) -> int:
+    """The unprivileged uid a tenant's processes run as in containers (one per user)."""
+    return TENANT_UID_BASE + user_id
 
 
 class Reconciler:
@@ -155,7 +166,9 @@ class Reconciler:
             views = [
                 cluster_view(c, self.membership.of(running.get(c.id, []))) for c in all_clusters(session)
             ]
-        decisions = plan(views, actual, self.inventory, utcnow(), self.drain)
+        decisions = plan(
+            views, actual, self.inventory, utcnow(), self.drain, named_hosts=not self.backend.translates_paths
+        )
         transient = (ContainerState.Pending, ContainerState.Terminating)
         self._busy = any(k.state in transient for c in views for k in c.containers)
         for decision in decisions:
@@ -182,10 +195,9 @@ class Reconciler:
             for cluster in all_clusters(session):
                 if cluster.state == ClusterState.Terminating or cluster.hostfile_generation == 0:
                     continue
-                path = getattr(self.backend, "cluster_dir", None)
+                on_disk = self.backend.hostfile_path(cluster.name)
                 text = self.hostfile_text(cluster)
-                if path is not None:
-                    on_disk = path(cluster.name) / "hostfile"
+                if on_disk is not None:
                     try:
                         current = on_disk.read_text()
                     except OSError:

@@ -42,7 +42,13 @@ class ClusterCreate(BaseModel):
     containers: int = Field(default=2, description="total containers including the launcher (>= 2)")
     gpus_per_container: int = 0
     shm: str = Field(default="64Mi", max_length=64, description="shared-memory size, e.g. 512Mi or 2Gi")
-    image: str = Field(default="local", max_length=255)
+    image: str = Field(
+        default="",
+        max_length=255,
+        description="image of every container (GET /api/v1/images); default: the framework's image",
+    )
+    memory: str = Field(default="", max_length=64, description="memory limit per container, e.g. 4Gi")
+    cpus: float = Field(default=0.0, ge=0, le=4096, description="CPU limit per container in cores")
     mounts: list[str] = Field(default_factory=list, description="SOURCE:TARGET, SOURCE absolute")
     restart_policy: str = Field(default="Always", max_length=32)
     min_containers: int | None = Field(
@@ -90,6 +96,8 @@ class ClusterOut(BaseModel):
     shm: str
     shm_bytes: int
     image: str
+    memory: str = Field(default="", description="memory limit per container ('' for none)")
+    cpus: float = Field(default=0.0, description="CPU limit per container (0 for none)")
     mounts: list[str]
     restart_policy: str
     hostfile_generation: int

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from elastrain.backends.api import Backend
+from elastrain.backends.api import Backend, ContainerSpec
 from elastrain.backends.local import HOSTFILE_PATH
 from elastrain.db.models import (
     Cluster,
@@ -55,6 +55,7 @@ from elastrain.server.validation import (
     parse_size,
 )
 
+EXEC_ID_ENV = "ELASTRAIN_EXEC_ID"  # marks the processes of one exec call, so they can be stopped
 _RUN = "elastrain run --hostfile /etc/mpi/hostfile"
 LAUNCH_HINTS = {
     Framework.horovod: f"{_RUN} -np N python train.py   # horovodrun flags; --min-np/--max-np to resize",
@@ -79,6 +80,8 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         shm=format_size(cluster.shm_bytes),
         shm_bytes=cluster.shm_bytes,
         image=cluster.image,
+        memory=format_size(cluster.memory_bytes) if cluster.memory_bytes else "",
+        cpus=cluster.cpus or 0.0,
         mounts=[f"{m['source']}:{m['target']}" for m in mounts],
         restart_policy=cluster.restart_policy.value,
         hostfile_generation=cluster.hostfile_generation,
@@ -124,6 +127,15 @@ def rewrite_command(command: list[str], hostfile: Path, mounts: dict[str, Path])
             arg = re.sub(pattern, str(local).replace("\\", "\\\\"), arg)
         out.append(arg)
     return out
+
+
+def command_for(backend: Backend, spec: ContainerSpec, command: list[str]) -> list[str]:
+    """`command` as it must be run: container paths rewritten where the backend runs it on this machine."""
+    if not backend.translates_paths:
+        return list(command)
+    hostfile = backend.container_path(spec.cluster, spec.name, HOSTFILE_PATH)
+    mounts = {m.target: backend.container_path(spec.cluster, spec.name, m.target) for m in spec.mounts}
+    return rewrite_command(command, hostfile, mounts)
 
 
 @dataclass
@@ -198,9 +210,19 @@ class Services:
         self._check_gpu_total(low, req.gpus_per_container)
         if self.reconciler.scheduler is None:  # static: the requested size must fit on its own
             self._check_gpu_total(req.containers, req.gpus_per_container)
+        memory = parse_size(req.memory) if req.memory else 0
+        if memory and shm > memory:
+            raise InvalidRequest(
+                f"shm {req.shm} is larger than the memory limit {req.memory}: /dev/shm counts against "
+                "the container's memory; ask for less shm or more memory"
+            )
         mounts = [parse_mount(m, self.allowed_mount_roots) for m in req.mounts]
         if len({m.target for m in mounts}) != len(mounts):
             raise InvalidRequest("two mounts share a target path; give each mount its own target")
+        try:
+            image = self.backend.resolve_image(req.image, framework.value)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         with self.db.session() as session:
             if cluster_by_name(session, req.name) is not None:
                 raise Conflict(f"cluster name {req.name!r} is taken; pick another name")
@@ -212,7 +234,9 @@ class Services:
                 desired_containers=req.containers,
                 gpus_per_container=req.gpus_per_container,
                 shm_bytes=shm,
-                image=req.image,
+                image=image,
+                memory_bytes=memory,
+                cpus=req.cpus,
                 mounts=json.dumps([{"source": m.source, "target": m.target} for m in mounts]),
                 restart_policy=policy,
                 state=ClusterState.Pending,
@@ -340,18 +364,22 @@ class Services:
             add_event(
                 session, user.name, "cluster.exec", name, user.id, container=row.name, command=req.command
             )
-        hostfile = self.backend.container_path(spec.cluster, spec.name, HOSTFILE_PATH)
-        mounts = {
-            m.target: self.backend.container_path(spec.cluster, spec.name, m.target) for m in spec.mounts
-        }
-        command = rewrite_command(req.command, hostfile, mounts)
+        command = command_for(self.backend, spec, req.command)
+        exec_id = secrets.token_hex(8)
+        env = {**spec.env, EXEC_ID_ENV: exec_id}
         if self.attach_env is not None:  # an `elastrain run` started this way becomes a job
-            spec = dataclasses.replace(spec, env={**spec.env, **self.attach_env(user, name)})
+            env.update(self.attach_env(user, name))
+        spec = dataclasses.replace(spec, env=env)
         try:
             proc = self.backend.exec(spec, command)
         except OSError as exc:
             raise InvalidRequest(f"cannot run {command[0]!r}: {exc.strerror}") from None
-        return _stream(proc)
+        backend = self.backend
+
+        def stop() -> None:  # the client went away: stop the command, inside the container too
+            backend.stop_processes(spec, EXEC_ID_ENV, exec_id, proc.pid, signal.SIGTERM)
+
+        return _stream(proc, stop)
 
     def _changed(self) -> None:
         self.reconciler.wake()
@@ -359,7 +387,7 @@ class Services:
             self.on_change()
 
 
-def _stream(proc: subprocess.Popen[bytes]) -> Iterator[bytes]:
+def _stream(proc: subprocess.Popen[bytes], stop: Callable[[], None]) -> Iterator[bytes]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
@@ -379,9 +407,6 @@ def _stream(proc: subprocess.Popen[bytes]) -> Iterator[bytes]:
         yield (json.dumps({"exit": code}) + "\n").encode()
     finally:
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
+            stop()
             proc.wait()
         proc.stdout.close()

@@ -177,6 +177,8 @@ class ControlPlane:
         ]
         if self.db_url:
             argv += ["--db", self.db_url]
+        if "--backend" not in self.extra_args:
+            argv += ["--backend", "process"]
         argv += self.extra_args
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - closed when the process ends
         t0 = time.monotonic()

@@ -1,0 +1,396 @@
+"""The container backend: every cluster container is an OCI container run by podman.
+
+Per cluster: one bridge network (isolated from every other cluster's), and on this machine under
+``<data-dir>/clusters/<cluster>/``::
+
+    mpi/hostfile     bind-mounted read-only at /etc/mpi (the directory: the file is replaced by rename)
+    home/            the tenant's home, /home/<user> in every container of the cluster (owned by their uid)
+    jobs/            /var/log/jobs in the launcher: logs and exit codes of the cluster's jobs
+    secret           the cluster's node secret (ELASTRAIN_NODE_SECRET inside; 0600 here)
+    mounts.json      container path -> host path of the cluster's storage mounts
+
+Each container: image from the cluster, hostname ``<cluster>-launcher`` / ``<cluster>-worker-<i>``
+(resolvable by name on the cluster network), labels ``elastrain.cluster``, ``elastrain.role``,
+``elastrain.container`` and ``elastrain.server`` (which server's data directory owns it, so two servers
+on one machine never adopt each other's containers), ``--shm-size``, ``--memory``/``--cpus`` where given,
+the tenant's unprivileged uid, no capabilities, its own GPU device nodes and ``CUDA_VISIBLE_DEVICES``,
+and the node daemon (`elastrain.agent.noded`) as its program, under podman's init.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus
+from elastrain.backends.gateway import RelaySet
+from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
+from elastrain.backends.podmanctl import PodmanError, exec_argv, podman, podman_json, ulimit_args
+from elastrain.hostfile import atomic_write_text
+
+log = logging.getLogger("elastrain.container")
+MPI_DIR, JOBS_DIR = "/etc/mpi", "/var/log/jobs"
+GPU_DEVICE_DIR_ENV = "ELASTRAIN_GPU_DEVICE_DIR"  # where /dev/nvidiaN nodes are (tests use fake ones)
+_LOG_TAIL = 5
+
+
+def server_key(data_dir: Path) -> str:
+    """The ``elastrain.server`` label of the containers of the server with data directory `data_dir`."""
+    return f"{zlib.crc32(str(Path(data_dir).resolve()).encode()):08x}"
+
+
+def _gpu_env(spec: ContainerSpec) -> dict[str, str]:
+    host_ids = ",".join(str(g) for g in spec.gpu_ids)
+    # the container sees only its own devices, so CUDA numbers them 0..n-1 there
+    local = ",".join(str(i) for i in range(len(spec.gpu_ids)))
+    return {
+        "ELASTRAIN_VISIBLE_GPUS": host_ids,
+        "NVIDIA_VISIBLE_DEVICES": host_ids or "void",
+        "CUDA_VISIBLE_DEVICES": local,
+    }
+
+
+class ContainerBackend(Backend):
+    """Clusters as podman containers on per-cluster networks."""
+
+    translates_paths = False
+
+    def __init__(self, data_dir: Path, stop_timeout_s: int = 10) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.root = self.data_dir / "clusters"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.server_key = server_key(self.data_dir)
+        self.stop_timeout_s = stop_timeout_s
+        self.relays = RelaySet()
+        self._exit_reasons: dict[str, str] = {}  # container id -> why it ended (read once)
+        self.gpu_device_dir = Path(os.environ.get(GPU_DEVICE_DIR_ENV, "/dev"))
+
+    # --- names and places --------------------------------------------------------------------------
+    def container_name(self, name: str) -> str:
+        """podman's name for cluster container `name` (unique per server data directory)."""
+        return f"elastrain-{self.server_key}-{name}"
+
+    def network_name(self, cluster: str) -> str:
+        """The cluster's bridge network."""
+        return f"elastrain-{self.server_key}-{cluster}"
+
+    def cluster_dir(self, cluster: str) -> Path:
+        """The cluster's files on this machine."""
+        return self.root / cluster
+
+    def hostfile_path(self, cluster: str) -> Path | None:
+        """The hostfile every container sees at /etc/mpi/hostfile."""
+        return self.cluster_dir(cluster) / "mpi" / "hostfile"
+
+    def _home(self, spec: ContainerSpec) -> str:
+        return f"/home/{spec.tenant or 'elastrain'}"
+
+    def container_path(self, cluster: str, name: str, path: str) -> Path:
+        """This machine's copy of container path `path` (the hostfile, job logs, home, mounts)."""
+        base = self.cluster_dir(cluster)
+        try:
+            mounts: dict[str, str] = json.loads((base / "mounts.json").read_text())
+        except (OSError, ValueError):
+            mounts = {}
+        table = {MPI_DIR: base / "mpi", JOBS_DIR: base / "jobs", **{t: Path(s) for t, s in mounts.items()}}
+        for target, local in sorted(table.items(), key=lambda item: -len(item[0])):
+            if path == target or path.startswith(target.rstrip("/") + "/"):
+                return local / path[len(target) :].lstrip("/")
+        if path.startswith("/home/"):
+            return base / "home" / path[len("/home/") :].partition("/")[2]
+        raise ValueError(f"{path} is inside the container only; it has no copy on this machine")
+
+    def resolve_image(self, image: str, framework: str) -> str:
+        """The named image, or the newest holding `framework`; ValueError (what to do) when none fits."""
+        from elastrain.images.catalog import default_image_for, find_image, list_images
+
+        build = f"elastrain image build --framework {framework}"
+        if not image or image == "local":
+            found = default_image_for(framework)
+            if found is None:
+                raise ValueError(
+                    f"no image holds framework {framework!r}; build one first ({build}) "
+                    "or pick another framework"
+                )
+            return found.name
+        info = find_image(image)
+        if info is None:
+            known = ", ".join(sorted({i.name for i in list_images()})) or "none yet"
+            raise ValueError(f"unknown image {image!r} (images: {known}); build one with `{build}`")
+        if framework not in info.frameworks:
+            fitting = default_image_for(framework)
+            hint = f"use image {fitting.name}" if fitting is not None else f"build one with `{build}`"
+            raise ValueError(
+                f"image {info.name} holds {', '.join(info.frameworks) or 'no framework'}, "
+                f"not {framework}; {hint}"
+            )
+        return info.name
+
+    def path_inside(self, cluster: str, name: str, path: str) -> str:
+        """Processes in the container see container paths as they are."""
+        return path
+
+    # --- cluster-level set-up ----------------------------------------------------------------------
+    def _prepare_cluster(self, spec: ContainerSpec) -> str:
+        """Directories, secret and network of the cluster (idempotent); returns the secret."""
+        base = self.cluster_dir(spec.cluster)
+        for sub in ("mpi", "home", "jobs"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        hostfile = base / "mpi" / "hostfile"
+        if not hostfile.exists():
+            atomic_write_text(hostfile, "# generation: 0\n")
+        os.chmod(base / "mpi", 0o755)
+        for sub in ("home", "jobs"):
+            try:
+                os.chown(base / sub, spec.tenant_uid, spec.tenant_uid)
+            except PermissionError:
+                pass
+            os.chmod(base / sub, 0o700)
+        atomic_write_text(base / "mounts.json", json.dumps({m.target: m.source for m in spec.mounts}))
+        secret_file = base / "secret"
+        if not secret_file.exists():
+            fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(24))
+        network = self.network_name(spec.cluster)
+        if podman("network", "exists", network, check=False).returncode != 0:
+            podman(
+                "network", "create", "--opt", "isolate=true",
+                "--label", f"elastrain.cluster={spec.cluster}",
+                "--label", f"elastrain.server={self.server_key}",
+                network,
+            )  # fmt: skip
+        return secret_file.read_text().strip()
+
+    def _gateway(self, cluster: str) -> str | None:
+        try:
+            info = podman_json("network", "inspect", self.network_name(cluster), "--format", "json")
+        except PodmanError:
+            return None
+        for net in info if isinstance(info, list) else [info]:
+            for subnet in net.get("subnets") or []:
+                if subnet.get("gateway"):
+                    return str(subnet["gateway"])
+        return None
+
+    def api_url(self, cluster: str, server_url: str) -> str:
+        """The API through this cluster's gateway relay (containers cannot reach the host's loopback)."""
+        gateway = self._gateway(cluster)
+        url = self.relays.url_for(gateway) if gateway else None
+        return url or server_url
+
+    def serve_api(self, host: str, port: int) -> None:
+        """Where the server listens; relays to it are opened per cluster network on demand."""
+        self.relays.target = ("127.0.0.1" if host in ("localhost",) else host, port)
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def _run_args(self, spec: ContainerSpec, secret: str) -> list[str]:
+        home = self._home(spec)
+        env = {
+            "ELASTRAIN_CLUSTER": spec.cluster,
+            "ELASTRAIN_CONTAINER": spec.name,
+            "ELASTRAIN_CONTAINER_ROLE": spec.role,
+            "ELASTRAIN_CONTAINER_ADDRESS": spec.address,
+            "ELASTRAIN_HOSTFILE": f"{MPI_DIR}/hostfile",
+            "ELASTRAIN_SHM_BYTES": str(spec.shm_bytes),
+            "ELASTRAIN_NODE_SECRET": secret,
+            "HOME": home,
+            "USER": spec.tenant or "elastrain",
+            **_gpu_env(spec),
+            **spec.env,
+        }
+        base = self.cluster_dir(spec.cluster)
+        args = [
+            "run", "--detach", "--init",
+            "--name", self.container_name(spec.name),
+            "--hostname", spec.name,
+            "--network", self.network_name(spec.cluster),
+            "--network-alias", spec.name,
+            "--label", f"elastrain.cluster={spec.cluster}",
+            "--label", f"elastrain.role={spec.role}",
+            "--label", f"elastrain.container={spec.name}",
+            "--label", f"elastrain.server={self.server_key}",
+            "--label", f"elastrain.cluster-uid={spec.cluster_uid}",
+            "--user", f"{spec.tenant_uid}:{spec.tenant_uid}",
+            "--cap-drop", "all",
+            "--security-opt", "no-new-privileges",
+            "--workdir", home,
+            "--volume", f"{base / 'mpi'}:{MPI_DIR}:ro",
+            "--volume", f"{base / 'home'}:{home}",
+            *ulimit_args(),
+        ]  # fmt: skip
+        if spec.role == "launcher":
+            args += ["--volume", f"{base / 'jobs'}:{JOBS_DIR}"]
+        if spec.shm_bytes > 0:
+            args += ["--shm-size", f"{spec.shm_bytes}b"]
+        if spec.memory_bytes > 0:
+            args += ["--memory", f"{spec.memory_bytes}b"]
+        if spec.cpus > 0:
+            args += ["--cpus", f"{spec.cpus:g}"]
+        for mount in spec.mounts:
+            args += ["--volume", f"{mount.source}:{mount.target}"]
+        for gpu in spec.gpu_ids:
+            node = self.gpu_device_dir / f"nvidia{gpu}"
+            if node.exists():
+                args += ["--device", f"{node}:/dev/nvidia{gpu}"]
+        if spec.real_gpus:
+            for extra in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
+                if (self.gpu_device_dir / extra).exists():
+                    args += ["--device", str(self.gpu_device_dir / extra)]
+        for key, value in sorted(env.items()):
+            args += ["--env", f"{key}={value}"]
+        return [*args, spec.image, "python", "-m", "elastrain.agent.noded"]
+
+    def create_container(self, spec: ContainerSpec) -> ContainerStatus:
+        """Start the container (no-op when it runs; an ended one is removed and started anew)."""
+        current = self._inspect(spec.name)
+        if current is not None and current.alive:
+            return current
+        if current is not None:
+            podman("rm", "--force", self.container_name(spec.name), check=False)
+        secret = self._prepare_cluster(spec)
+        podman(*self._run_args(spec, secret), timeout=180)
+        status = self._inspect(spec.name)
+        return status or ContainerStatus(spec.cluster, spec.name, None, False, False, spec.address)
+
+    def delete_container(self, cluster: str, name: str, cluster_uid: str = "") -> None:
+        """Stop the container (SIGTERM: its workers leave; SIGKILL after the timeout) and remove it."""
+        podman("rm", "--force", "--time", str(self.stop_timeout_s), self.container_name(name), check=False)
+
+    def delete_cluster(self, cluster: str, cluster_uid: str) -> None:
+        """Remove every container and the network of the cluster, then its files on this machine."""
+        names = [self.container_name(s.name) for s in self.list_containers() if s.cluster == cluster]
+        if names:
+            podman("rm", "--force", "--time", str(self.stop_timeout_s), *names, check=False, timeout=300)
+        podman("network", "rm", "--force", self.network_name(cluster), check=False)
+        shutil.rmtree(self.cluster_dir(cluster), ignore_errors=True)
+
+    def list_containers(self) -> list[ContainerStatus]:
+        """Every container of this server, from podman's labels."""
+        rows = podman_json(
+            "ps", "--all", "--filter", f"label=elastrain.server={self.server_key}", "--format", "json"
+        )
+        found = [self._status(row) for row in rows]
+        live_ids = {row.get("Id") for row in rows}
+        for cid in list(self._exit_reasons):
+            if cid not in live_ids:
+                del self._exit_reasons[cid]
+        return found
+
+    def _inspect(self, name: str) -> ContainerStatus | None:
+        rows = podman_json(
+            "ps", "--all", "--filter", f"name=^{self.container_name(name)}$", "--format", "json"
+        )
+        return self._status(rows[0]) if rows else None
+
+    def _status(self, row: dict[str, object]) -> ContainerStatus:
+        labels = row.get("Labels") or {}
+        assert isinstance(labels, dict)
+        name = str(labels.get("elastrain.container", ""))
+        running = row.get("State") == "running"
+        reason = ""
+        if not running:
+            cid = str(row.get("Id"))
+            reason = self._exit_reasons.get(cid) or self._exit_reason(cid, row.get("ExitCode"))
+            self._exit_reasons[cid] = reason
+        pid = row.get("Pid")
+        return ContainerStatus(
+            str(labels.get("elastrain.cluster", "")),
+            name,
+            int(pid) if isinstance(pid, int) and pid > 0 else None,
+            running,
+            running,
+            name,
+            reason,
+        )
+
+    @staticmethod
+    def _exit_reason(cid: str, code: object) -> str:
+        tail = podman("logs", "--tail", str(_LOG_TAIL), cid, check=False)
+        lines = [line for line in (tail.stdout + tail.stderr).splitlines() if line.strip()][-_LOG_TAIL:]
+        last = " | ".join(lines) if lines else "(no output)"
+        return f"the container exited with code {code}; last lines: {last}"
+
+    # --- files, commands, logs ---------------------------------------------------------------------
+    def write_cluster_file(self, cluster: str, path: str, text: str) -> None:
+        """Files under /etc/mpi (the hostfile): written here, renamed into place, seen by every container."""
+        if not path.startswith(MPI_DIR + "/"):
+            raise ValueError(f"the container backend writes files under {MPI_DIR} only, not {path}")
+        target = self.cluster_dir(cluster) / "mpi" / path[len(MPI_DIR) + 1 :]
+        if target.parent.exists():
+            atomic_write_text(target, text)
+
+    def _exec_prefix(self, spec: ContainerSpec, env: dict[str, str], tty: bool) -> list[str]:
+        flags = ["--interactive", "--tty"] if tty else []
+        argv = exec_argv("exec", *flags, "--user", f"{spec.tenant_uid}:{spec.tenant_uid}")
+        argv += ["--workdir", self._home(spec)]
+        for key, value in sorted(env.items()):
+            argv += ["--env", f"{key}={value}"]
+        return [*argv, self.container_name(spec.name)]
+
+    def exec(
+        self, spec: ContainerSpec, command: list[str], log_path: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Run `command` in the container as the tenant (``podman exec``); output to a pipe or `log_path`."""
+        argv = [*self._exec_prefix(spec, spec.env, tty=False), *command]
+        if log_path is None:
+            return subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        with open(log_path, "ab") as log_file:
+            return subprocess.Popen(
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def terminal_command(self, spec: ContainerSpec, env: dict[str, str]) -> list[str] | None:
+        """An interactive bash in the container, as the tenant, in their home."""
+        shell_env = {**spec.env, **env, "TERM": "xterm-256color", "PS1": f"[{spec.name}] \\W$ "}
+        return [*self._exec_prefix(spec, shell_env, tty=True), "bash", "--norc", "-i"]
+
+    def _init_pid(self, spec: ContainerSpec) -> int:
+        status = self._inspect(spec.name)
+        return status.pid if status is not None and status.pid else 0
+
+    def own_pid(self, spec: ContainerSpec, pid: int) -> int | None:
+        """Map a PID the container reported to this machine's PID (None: no such process in it)."""
+        return host_pid(self._init_pid(spec), pid)
+
+    def stop_processes(
+        self, spec: ContainerSpec, env_key: str, env_value: str, pid: int | None, signum: int
+    ) -> None:
+        """Signal the container's processes carrying ``env_key=env_value``, and `pid` when it is the
+        ``podman exec`` that runs them (its group) or one of the container's own processes."""
+        init = self._init_pid(spec)
+        targets = set(pids_with_env_in(init, env_key, env_value))
+        inside = container_pids(init)
+        for target in targets | ({pid} if pid and pid in inside else set()):
+            try:
+                os.kill(target, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if pid and pid not in inside:  # the podman exec client on this machine
+            super().stop_processes(spec, env_key, env_value, pid, signum)
+
+    def logs(self, cluster: str, name: str) -> Iterator[str]:
+        """The container's output (the node daemon's and the agents it started)."""
+        done = podman("logs", self.container_name(name), check=False)
+        yield from (done.stdout + done.stderr).splitlines(keepends=True)
+
+    def close(self) -> None:
+        """Close the API relays (containers keep running)."""
+        self.relays.close()

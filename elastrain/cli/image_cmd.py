@@ -1,0 +1,77 @@
+"""`elastrain image build | list`: build the offline OCI images jobs run in, and list them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from elastrain.errors import ConfigError
+
+
+def add_image_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `elastrain image` with its `build` and `list` subcommands."""
+    p = sub.add_parser("image", help="build and list the OCI images jobs run in (podman, offline)")
+    isub = p.add_subparsers(dest="image_cmd", metavar="{build,list}", required=True, parser_class=type(p))
+    b = isub.add_parser(
+        "build", help="build the image of a framework (Debian bookworm + venv + elastrain; cached)"
+    )
+    b.add_argument("--framework", default="pytorch", help="the framework the image holds (default pytorch)")
+    b.add_argument("--json", type=Path, metavar="PATH", help="write the build result as JSON here")
+    ls = isub.add_parser("list", help="the elastrain images podman holds")
+    ls.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+
+def human_size(n: int) -> str:
+    """Bytes in podman's style: decimal units, three significant digits (``1.4 GB``)."""
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000:
+            return f"{size:.3g} {unit}"
+        size /= 1000
+    return f"{size:.3g} TB"
+
+
+def _build(args: argparse.Namespace) -> int:
+    from elastrain.images.build import build_image
+    from elastrain.images.recipe import recipe_for
+
+    print(f"image: building {recipe_for(args.framework).repo} ({args.framework})")
+    result = build_image(args.framework, progress=print)
+    if result.cached:
+        print(f"image {result.name} is up to date (cached)")
+    else:
+        print(f"image {result.name} built in {result.seconds:.1f} s ({human_size(result.size_bytes)})")
+    if args.json:
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(asdict(result), indent=2) + "\n")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {args.json}: {exc}") from None
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from elastrain.images.catalog import list_images
+
+    images = list_images()
+    if args.output == "json":
+        rows = [{**asdict(i), "frameworks": list(i.frameworks)} for i in images]
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [["NAME", "FRAMEWORKS", "SIZE", "CREATED"]]
+    table += [[i.name, ",".join(i.frameworks), human_size(i.size_bytes), i.created] for i in images]
+    widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if not images:
+        print("(no elastrain images: run `elastrain image build`)")
+    return 0
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    """Run `elastrain image build` or `elastrain image list`."""
+    if args.image_cmd == "build":
+        return _build(args)
+    return _list(args)

@@ -1,0 +1,141 @@
+"""What goes into an elastrain image: the Debian rootfs, the Python requirements, the paths inside.
+
+Everything here is data (plus small readers of the repo's own files), so the cache keys in
+`elastrain.images.keys` can be computed from it without building or downloading anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elastrain.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+# Bump when the way the base or final image is assembled changes (it is part of every cache key).
+RECIPE_VERSION = "1"
+
+SUITE = "bookworm"
+VARIANT = "minbase"
+DEB_PACKAGES: tuple[str, ...] = ("python3", "python3-venv", "procps", "iproute2", "ca-certificates", "less")
+# Documentation and translations are of no use in a training image; copyright files stay.
+DPKG_OPTIONS: tuple[str, ...] = (
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/locale/*",
+    "path-include=/usr/share/locale/locale.alias",
+    "path-exclude=/usr/share/info/*",
+)
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+VENV = "/opt/elastrain/venv"
+EXAMPLES_DIR = "/opt/elastrain/examples"
+ROOTFS_REPO = "localhost/elastrain-rootfs"
+BASE_REPO = "localhost/elastrain-base"
+
+
+@dataclass(frozen=True)
+class FrameworkRecipe:
+    """One buildable image: its repository name, the frameworks it really holds, the extras it installs."""
+
+    framework: str
+    repo: str
+    frameworks: tuple[str, ...]
+    extras: tuple[str, ...]
+
+
+RECIPES: dict[str, FrameworkRecipe] = {
+    "pytorch": FrameworkRecipe(
+        framework="pytorch",
+        repo="localhost/elastrain-pytorch",
+        frameworks=("pytorch",),  # torch => torchrun; nothing else is installed
+        extras=("examples", "server"),  # server: the client commands (httpx) in the terminal too
+    ),
+}
+# Frameworks other parts of elastrain know of, whose images cannot be built yet.
+PLANNED_FRAMEWORKS: tuple[str, ...] = ("horovod", "deepspeed", "megatron", "slurm")
+
+
+def recipe_for(framework: str) -> FrameworkRecipe:
+    """The recipe of `framework`; `ConfigError` naming the buildable ones otherwise."""
+    recipe = RECIPES.get(framework)
+    if recipe is None:
+        can = ", ".join(sorted(RECIPES))
+        later = f" ({', '.join(PLANNED_FRAMEWORKS)} images are not available yet)"
+        raise ConfigError(f"cannot build an image for framework {framework!r}; can build: {can}{later}")
+    return recipe
+
+
+def repo_root_default() -> Path:
+    """The source tree this package was loaded from (the directory holding pyproject.toml)."""
+    here = Path(__file__).resolve().parents[2]
+    if not (here / "pyproject.toml").is_file():
+        raise ConfigError(
+            f"no pyproject.toml in {here}: images are built from an elastrain source checkout "
+            "(pass repo_root)"
+        )
+    return here
+
+
+def cache_dir() -> Path:
+    """Where build contexts and wheels go: $ELASTRAIN_CACHE_DIR or ~/.cache/elastrain/images."""
+    env = os.environ.get("ELASTRAIN_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "elastrain" / "images"
+
+
+def read_pyproject(repo_root: Path) -> dict[str, Any]:
+    """The parsed pyproject.toml of `repo_root`."""
+    path = repo_root / "pyproject.toml"
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def read_constraints(repo_root: Path) -> str:
+    """The text of `repo_root`/constraints.txt (the one place the torch version is pinned)."""
+    path = repo_root / "constraints.txt"
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def pinned_version(constraints: str, package: str) -> str:
+    """The ``package==X`` pin in a constraints text; `ConfigError` when there is none."""
+    pattern = re.compile(rf"^\s*{re.escape(package)}\s*==\s*([^\s;#]+)", re.IGNORECASE | re.MULTILINE)
+    match = pattern.search(constraints)
+    if match is None:
+        raise ConfigError(f"constraints.txt pins no {package} version (expected a line '{package}==X.Y.Z')")
+    return match.group(1)
+
+
+def requirements(repo_root: Path, recipe: FrameworkRecipe) -> list[str]:
+    """The third-party requirements of the image: the package's dependencies, its extras, the pins."""
+    project = read_pyproject(repo_root).get("project", {})
+    reqs: list[str] = list(project.get("dependencies", []))
+    optional = project.get("optional-dependencies", {})
+    for extra in recipe.extras:
+        if extra not in optional:
+            raise ConfigError(f"pyproject.toml has no optional-dependencies extra {extra!r}")
+        reqs += optional[extra]
+    reqs.append(f"torch=={pinned_version(read_constraints(repo_root), 'torch')}")
+    return reqs
+
+
+def package_version(repo_root: Path) -> str:
+    """The elastrain version declared in pyproject.toml."""
+    version = read_pyproject(repo_root).get("project", {}).get("version")
+    if not isinstance(version, str):
+        raise ConfigError("pyproject.toml declares no [project] version")
+    return version

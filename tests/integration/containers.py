@@ -1,0 +1,93 @@
+"""Fixtures for the container backend: the image (built once, cached by its inputs) and a server on it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elastrain.backends.podmanctl import podman, podman_works
+from tests.integration.test_control_plane import ControlPlane
+
+
+def need_podman() -> None:
+    """Skip (with the reason) where podman cannot run containers or images cannot be built."""
+    if not podman_works():
+        pytest.skip("podman with runc cannot run containers here (apt-get install podman runc)")
+    if shutil.which("mmdebstrap") is None:
+        pytest.skip("mmdebstrap is missing: images cannot be built (apt-get install mmdebstrap)")
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """The pytorch image, built once per session (a no-op when its inputs did not change)."""
+    need_podman()
+    from elastrain.images.build import build_image
+
+    return build_image("pytorch", progress=lambda line: None).name
+
+
+def server_containers(key: str) -> list[str]:
+    """Names of the podman containers of the server whose label key is `key`."""
+    out = podman("ps", "--all", "--filter", f"label=elastrain.server={key}", "--format", "{{.Names}}")
+    return out.stdout.split()
+
+
+class ContainerPlane(ControlPlane):
+    """A `ControlPlane` on the container backend; cleanup checks that no container or network is left."""
+
+    def __init__(self, root: Path, gpu_dir: Path) -> None:
+        super().__init__(root, extra_args=("--backend", "container"))
+        self.gpu_dir = gpu_dir
+
+    def start(self) -> float:
+        os.environ["ELASTRAIN_GPU_DEVICE_DIR"] = str(self.gpu_dir)  # read by the server it starts
+        try:
+            return super().start()
+        finally:
+            del os.environ["ELASTRAIN_GPU_DEVICE_DIR"]
+
+    @property
+    def key(self) -> str:
+        """The server's label value (`elastrain.server`)."""
+        from elastrain.backends.container import server_key
+
+        return server_key(self.data)
+
+    def cleanup(self) -> None:
+        key = self.key
+        super().cleanup()
+        left = server_containers(key)
+        networks = podman(
+            "network", "ls", "--filter", f"label=elastrain.server={key}", "--format", "{{.Name}}"
+        )
+        if left:
+            podman("rm", "--force", "--time", "0", *left, check=False)
+        assert not left, f"containers left behind: {left}"
+        assert not networks.stdout.split(), f"networks left behind: {networks.stdout}"
+
+
+def fake_gpus(directory: Path, count: int) -> Path:
+    """`count` fake GPU device nodes ``nvidiaN`` (character devices, as the Slurm reference makes them)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for index in range(count):
+        node = directory / f"nvidia{index}"
+        if not node.exists():
+            subprocess.run(["mknod", str(node), "c", "1", "3"], check=True)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def ccp(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerPlane]:
+    """A server on the container backend with 8 fake GPUs."""
+    root = tmp_path_factory.mktemp("ccp")
+    plane = ContainerPlane(root, fake_gpus(root / "gpus", 8))
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.cleanup()
