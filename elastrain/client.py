@@ -212,6 +212,10 @@ class Client:
         }
         return ClusterInfo.from_json(self._request("POST", "/clusters", json=body).json())
 
+    def list_images(self) -> list[dict[str, Any]]:
+        """The images clusters can be created from."""
+        return list(self._request("GET", "/images").json())
+
     def get_cluster(self, name: str) -> ClusterInfo:
         """One cluster."""
         return ClusterInfo.from_json(self._request("GET", f"/clusters/{name}").json())

@@ -1,10 +1,12 @@
 """`elastrain demo --cluster`: the seed's flow through the control plane, start to finish.
 
-Starts `elastrain server` (SQLite, 8 virtual GPUs) in a temporary data dir, creates a 2-container
-Horovod cluster, submits the example job from the launcher (``elastrain run --min-np 2 --max-np 4
---hostfile /etc/mpi/hostfile``), scales the cluster 2 -> 4 while it trains, kills one worker with
-``kill -9``, scales back to 2, waits for the job, checks every epoch consumed each sample exactly once
-(the workers' own ledgers), deletes the cluster and stops the server. Prints what it timed.
+Builds (or reuses) the container image, starts `elastrain server` (SQLite, 8 virtual GPUs, the
+container backend: podman) in a temporary data dir, creates a 2-container PyTorch cluster, submits the
+example job in the launcher container (``elastrain run --min-np 2 --max-np 4 --hostfile
+/etc/mpi/hostfile``), scales the cluster 2 -> 4 while it trains, ``podman kill``s one worker container,
+scales back to 2, waits for the job, checks every epoch consumed each sample exactly once (the
+workers' own ledgers), deletes the cluster and stops the server. Prints what it timed. Where podman
+cannot run containers it runs the same flow on the process backend and says so.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from elastrain.backends.podmanctl import podman, podman_works
 from elastrain.chaos.control_plane import ServerProcess, free_port, wait_until
 from elastrain.chaos.job import JobWatcher
 from elastrain.client import Client
@@ -57,14 +60,26 @@ def run_cluster_demo(json_path: Path | None, epochs: int = 6, workdir: Path | No
     for name in ("mnist_elastic.py", "mnist1d_data.py"):
         shutil.copy(EXAMPLES / name, examples / name)
     subprocess.run([sys.executable, str(examples / "mnist1d_data.py")], check=True, stdout=subprocess.DEVNULL)
-    server = ServerProcess(work / "server", free_port(), ("--allow-mount", str(mounts)))
     timings: dict[str, float] = {}
+    containers = podman_works()
+    if containers:
+        from elastrain.images.build import build_image
+
+        _say("elastrain image build (cached by its inputs)")
+        t0 = time.monotonic()
+        built = build_image("pytorch", progress=lambda line: print(f"  {line}", flush=True))
+        timings["image build" + (" (cached)" if built.cached else "")] = time.monotonic() - t0
+        examples.chmod(0o777)  # the tenant's uid in the containers writes the ledger there
+    else:
+        _say("podman cannot run containers here: the process backend (no isolation) runs the flow")
+    backend = "container" if containers else "process"
+    server = ServerProcess(work / "server", free_port(), ("--allow-mount", str(mounts)), backend=backend)
     try:
         _say(f"starting elastrain server at {server.url}")
         server.start()
         _say(f"server at {server.url}; data in {server.data}")
         with server.client() as c:
-            code = _flow(c, examples, ledger, epochs, timings)
+            code = _flow(c, examples, ledger, epochs, timings, server.data if containers else None)
     finally:
         server.stop()  # deletes what is left of the cluster, stops the server, kills stray inits
     report = build_report(ledger, TRAIN_SAMPLES)
@@ -83,14 +98,19 @@ def run_cluster_demo(json_path: Path | None, epochs: int = 6, workdir: Path | No
     return 0 if ok else 1
 
 
-def _flow(c: Client, examples: Path, ledger: Path, epochs: int, timings: dict[str, float]) -> int:
+def _flow(
+    c: Client, examples: Path, ledger: Path, epochs: int, timings: dict[str, float], podman_data: Path | None
+) -> int:
+    """The seed's flow; `podman_data` is the server's data dir on the container backend (None: process)."""
+
     def running(n: int) -> Callable[[Any], bool]:
         return lambda k: k.state == "Running" and sum(x.state == "Running" for x in k.containers) == n
 
     t0 = time.monotonic()
-    _say("cluster create tthvd --framework horovod --containers 2 --gpus-per-container 1")
+    framework = "pytorch" if podman_data is not None else "horovod"
+    _say(f"cluster create tthvd --framework {framework} --containers 2 --gpus-per-container 1")
     c.create_cluster(
-        "tthvd", framework="horovod", containers=2, gpus_per_container=1, mounts=[f"{examples}:/examples"]
+        "tthvd", framework=framework, containers=2, gpus_per_container=1, mounts=[f"{examples}:/examples"]
     )
     c.wait_cluster("tthvd", running(2), timeout=60)
     timings["create -> 2 Running"] = time.monotonic() - t0
@@ -109,9 +129,18 @@ def _flow(c: Client, examples: Path, ledger: Path, epochs: int, timings: dict[st
     timings["scale 2->4 -> hostfile updated"] = time.monotonic() - t0
     generation = watcher.wait_world(4, 20)
     timings["scale 2->4 -> job trains with 4"] = time.monotonic() - t0
-    victim = generation["members"][-1]
-    _say(f"kill -9 worker {victim['worker_id']} (pid {victim['pid']})")
-    os.kill(victim["pid"], signal.SIGKILL)
+    # a worker container's rank (the launcher container also runs the coordinator: losing it ends the job)
+    victim = [m for m in generation["members"] if "-worker-" in m["host"]][-1] if podman_data else None
+    victim = victim or generation["members"][-1]
+    if podman_data is not None:
+        from elastrain.backends.container import server_key
+
+        name = f"elastrain-{server_key(podman_data)}-{victim['host']}"
+        _say(f"podman kill {name} (worker {victim['worker_id']}: a node failure)")
+        podman("kill", name)
+    else:
+        _say(f"kill -9 worker {victim['worker_id']} (pid {victim['pid']})")
+        os.kill(victim["pid"], signal.SIGKILL)
     watcher.wait_world(3, 20)
     _say("cluster scale tthvd --containers 2 (graceful scale-in)")
     t0 = time.monotonic()

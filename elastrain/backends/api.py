@@ -53,6 +53,17 @@ class ContainerStatus:
     exit_reason: str = ""  # for a container that ended: its exit code and last log lines
 
 
+@dataclass(frozen=True)
+class ImageEntry:
+    """An image clusters can run: its name, the frameworks it really holds, size and creation time."""
+
+    name: str
+    frameworks: tuple[str, ...]
+    size_bytes: int = 0
+    created: str = ""
+    description: str = ""
+
+
 class Backend(abc.ABC):
     """Creates, lists and removes containers; writes files into them, runs commands, returns logs.
 
@@ -104,6 +115,10 @@ class Backend(abc.ABC):
     def resolve_image(self, image: str, framework: str) -> str:
         """The image a new cluster of `framework` runs; refuses (`InvalidRequest`) when none fits."""
         return image or "local"
+
+    def images(self) -> list[ImageEntry]:
+        """The images clusters can use (the process backend has one: the server's own environment)."""
+        return [ImageEntry("local", (), description="the server's Python environment (no container image)")]
 
     def api_url(self, cluster: str, server_url: str) -> str:
         """The control plane's URL as processes in the cluster's containers reach it."""

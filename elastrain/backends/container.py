@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus
+from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, ImageEntry
 from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
 from elastrain.backends.podmanctl import PodmanError, exec_argv, podman, podman_json, ulimit_args
@@ -106,6 +106,15 @@ class ContainerBackend(Backend):
         if path.startswith("/home/"):
             return base / "home" / path[len("/home/") :].partition("/")[2]
         raise ValueError(f"{path} is inside the container only; it has no copy on this machine")
+
+    def images(self) -> list[ImageEntry]:
+        """The elastrain images in podman's store (`elastrain image build` makes them)."""
+        from elastrain.images.catalog import list_images
+
+        return [
+            ImageEntry(i.name, i.frameworks, i.size_bytes, i.created, f"OCI image {i.id[:12]}")
+            for i in list_images()
+        ]
 
     def resolve_image(self, image: str, framework: str) -> str:
         """The named image, or the newest holding `framework`; ValueError (what to do) when none fits."""

@@ -97,6 +97,11 @@ def create_app(services: Services, jobs: JobService) -> FastAPI:
         """GPUs of this node and how many are in use."""
         return services.inventory_out()
 
+    @api.get("/images", response_model=list[schemas.ImageOut], responses=errors, tags=["meta"])
+    def images(_user: Caller) -> list[schemas.ImageOut]:
+        """Images clusters can be created from (`elastrain image build` adds them)."""
+        return services.images()
+
     @api.get("/clusters", response_model=list[schemas.ClusterOut], responses=errors, tags=["clusters"])
     def list_clusters(user: Caller) -> list[schemas.ClusterOut]:
         """The caller's clusters."""

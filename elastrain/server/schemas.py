@@ -128,6 +128,16 @@ class EventOut(BaseModel):
     detail: dict[str, object]
 
 
+class ImageOut(BaseModel):
+    """An image clusters can be created from (the ``image`` field of a cluster)."""
+
+    name: str
+    frameworks: list[str] = Field(description="the frameworks the image really holds")
+    size_bytes: int
+    created: str = Field(description="RFC 3339 UTC; empty when unknown")
+    description: str = ""
+
+
 class InventoryOut(BaseModel):
     """The node's GPU inventory."""
 

@@ -40,6 +40,7 @@ from elastrain.db.repository import (
     visible_clusters,
 )
 from elastrain.db.session import Database
+from elastrain.errors import ElastrainError
 from elastrain.server import schemas
 from elastrain.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from elastrain.server.inventory import Inventory, parse_gpu_ids
@@ -330,6 +331,23 @@ class Services:
             if not rows:
                 raise NotFound(f"container {container!r} not found in cluster {name!r}")
         return "".join(self.backend.logs(name, rows[0].name))
+
+    def images(self) -> list[schemas.ImageOut]:
+        """The images the backend can run, newest first."""
+        try:
+            found = self.backend.images()
+        except ElastrainError as exc:  # podman failing: say so, as a 4xx-free empty list would hide it
+            raise Conflict(f"cannot list images: {exc}") from None
+        return [
+            schemas.ImageOut(
+                name=i.name,
+                frameworks=list(i.frameworks),
+                size_bytes=i.size_bytes,
+                created=i.created,
+                description=i.description,
+            )
+            for i in sorted(found, key=lambda i: i.created, reverse=True)
+        ]
 
     def inventory_out(self) -> schemas.InventoryOut:
         """GPU inventory and usage."""

@@ -2,7 +2,8 @@
 
 Nothing is downloaded: without /usr/bin/chromium or the playwright package the tests are skipped with
 the reason (`make portal-deps` installs both). The server is the integration tests' `ControlPlane`
-(free port, temp data dir, --gpus 8), stopped by PID with every container process it started.
+(free port, temp data dir, --gpus 8), stopped by PID with every container process it started;
+`container_server` is the same on the container backend (podman), skipped where podman cannot run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.containers import ContainerPlane, fake_gpus, image  # noqa: F401 - `image`: a fixture
 from tests.integration.test_control_plane import ControlPlane
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -97,6 +99,22 @@ def server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     finally:
         plane.cleanup()
         shutil.rmtree(plane.root / "data" / "clusters", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def container_server(
+    browser: Any, image: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ContainerPlane]:
+    """A control plane on the container backend (podman; 8 fake GPU device nodes) for the module's
+    tests; skipped (with the reason) where podman cannot run containers. Its clusters are deleted, it is
+    stopped by PID, and cleanup asserts that none of its containers or networks is left."""
+    root = tmp_path_factory.mktemp("portal-containers")
+    plane = ContainerPlane(root, fake_gpus(root / "gpus", 8))
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.cleanup()
 
 
 @pytest.fixture

@@ -15,6 +15,28 @@ function fieldFor(message) {
   return null;
 }
 
+/** A byte count for people: 1.4 GB, 820 MB ("" when unknown). */
+function bytes(n) {
+  if (!n) return "";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1000 && i < units.length - 1) { n /= 1000; i += 1; }
+  return (i === 0 || n >= 10 ? Math.round(n) : n.toFixed(1)) + " " + units[i];
+}
+
+/** Whether `image` (GET /api/v1/images) holds `framework`; the process backend's "local" holds any. */
+function holds(image, framework) {
+  return image.name === "local" || image.frameworks.includes(framework);
+}
+
+/** An option's text: `name — frameworks, size`. */
+function imageLabel(image) {
+  if (image.name === "local") return "local — any framework (" + (image.description || "no container image") + ")";
+  const what = image.frameworks.length ? image.frameworks.map(Portal.framework).join(", ") : "no framework";
+  const size = bytes(image.size_bytes);
+  return image.name + " — " + what + (size ? ", " + size : "");
+}
+
 function intOrNull(value) {
   const v = String(value).trim();
   return v === "" ? null : Number(v);
@@ -42,6 +64,39 @@ document.addEventListener("DOMContentLoaded", () => {
                 `${kind}: ${inv.free} of ${inv.gpus} free`));
   }).catch((err) => Portal.showError(err.message));
 
+  // The image select: "default image of the framework" (value "") then every image the backend has.
+  const imageNote = $("image-note");
+  const defaultNote = imageNote.textContent;
+  let images = null; // null until GET /images answered
+  const chosenFramework = () => (form.querySelector("input[name=framework]:checked") || {}).value || "";
+
+  function imageHint() {
+    const framework = chosenFramework();
+    if (images === null || !framework) return;
+    const holders = images.filter((i) => holds(i, framework));
+    const picked = images.find((i) => i.name === $("image").value);
+    if (!holders.length) {
+      const build = "elastrain image build --framework " + framework;
+      imageNote.replaceChildren(
+        `no image holds ${framework} yet: build one with `, Portal.el("code", {}, build));
+    } else if (picked && !holds(picked, framework)) {
+      imageNote.textContent = `${picked.name} does not hold ${framework}: pick ` +
+        holders.map((i) => i.name).join(" or ") + " or the default";
+    } else if (!picked) {
+      imageNote.textContent = `default for ${framework}: ${holders[0].name}`;
+    } else {
+      imageNote.textContent = defaultNote;
+    }
+  }
+  for (const radio of form.querySelectorAll("input[name=framework]")) radio.addEventListener("change", imageHint);
+  $("image").addEventListener("change", imageHint);
+
+  Portal.api("GET", "/images").then((found) => {
+    images = found;
+    $("image").append(...found.map((i) => Portal.el("option", { value: i.name }, imageLabel(i))));
+    imageHint();
+  }).catch((err) => { imageNote.textContent = "the image list is unavailable: " + err.message; });
+
   function clearErrors() {
     for (const f of FIELDS) Portal.fieldError(f, "");
     $("form-error").hidden = true;
@@ -53,7 +108,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const source = $("mount-source").value.trim();
     const target = $("mount-target").value.trim();
     const body = {
-      framework: (form.querySelector("input[name=framework]:checked") || {}).value || "",
+      framework: chosenFramework(),
       name: $("name").value.trim(),
       containers: intOrNull($("containers").value),
       image: $("image").value,
