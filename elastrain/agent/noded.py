@@ -127,6 +127,10 @@ class NodeDaemon:
             with self._lock:
                 self.agents.pop(proc.pid, None)
             _send(conn, send_lock, {"exit": code if code >= 0 else 128 - code})
+            try:  # the signal reader holds a file on the socket: shut it down, not just close it
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _start(self, request: dict[str, Any]) -> subprocess.Popen[bytes]:
         args = request.get("agent_args")

@@ -16,6 +16,7 @@ from elastrain.backends.local import HOSTFILE_PATH
 from elastrain.db.models import Cluster, ClusterState, Container, ContainerState, Job, JobStatus, utcnow
 from elastrain.db.repository import add_event, all_clusters, cluster_by_name
 from elastrain.db.session import Database
+from elastrain.errors import ElastrainError
 from elastrain.hostfile import Hostfile, render_hostfile
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.membership import JobHosts, JobMembership
@@ -254,11 +255,11 @@ class Reconciler:
                 address=d.address,
                 gpus=list(d.gpu_ids),
             )
-            row.pid = self.backend.create_container(container_spec(cluster, row, self.inventory.real)).pid
+            self._start(session, cluster, row)
         elif row is None:
             return
         elif d.action == Action.start:
-            row.pid = self.backend.create_container(container_spec(cluster, row, self.inventory.real)).pid
+            self._start(session, cluster, row)
         elif d.action == Action.mark_running:
             adopted = row.pid != d.pid  # started by an earlier server process
             row.state, row.pid, row.reason = ContainerState.Running, d.pid, ""
@@ -294,6 +295,19 @@ class Reconciler:
             session.delete(row)
             detail = {"container": row.name, **({"reason": d.reason} if d.reason else {})}
             add_event(session, ACTOR, "container.removed", d.cluster, cluster.owner_id, **detail)
+
+    def _start(self, session: Session, cluster: Cluster, row: Container) -> None:
+        """Start the container; a backend that refuses (podman failing, image gone) fails the row with
+        its message instead of failing every later pass."""
+        try:
+            row.pid = self.backend.create_container(container_spec(cluster, row, self.inventory.real)).pid
+        except ElastrainError as exc:
+            log.warning("cannot start container %s/%s: %s", cluster.name, row.name, exc)
+            row.state, row.reason = ContainerState.Failed, f"the backend could not start it: {exc}"
+            add_event(
+                session, ACTOR, "container.failed", cluster.name, cluster.owner_id, container=row.name,
+                reason=row.reason,
+            )  # fmt: skip
 
     def _apply_cluster(self, session: Session, cluster: Cluster, d: Decision) -> None:
         if d.action == Action.write_hostfile:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.browser.conftest import sign_in
 from tests.integration.containers import ContainerPlane, server_containers
-from tests.integration.test_control_plane import REPO, wait_for
+from tests.integration.test_control_plane import REPO, ControlPlane, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -73,6 +73,7 @@ def test_seed_flow_on_containers(
 
     page.get_by_label("PyTorch").check()
     note.filter(has_text="default for pytorch: localhost/elastrain-pytorch").wait_for()
+    assert page.locator("#framework-error").is_hidden()  # the refusal was about the other framework
     page.get_by_label("Containers", exact=True).fill("2")
     page.get_by_label("Enable shared memory").check()
     page.get_by_label("Shared memory size").fill("256Mi")
@@ -94,6 +95,7 @@ def test_seed_flow_on_containers(
     page.wait_for_url(f"{server.url}/clusters/seed/terminal")
     page.get_by_text("Connected to the launcher container.").wait_for()
     rows = page.locator(".xterm-rows")
+    wait_for(lambda: re.search(r"[$#]\s*$", rows.inner_text(), re.M), 30, "the shell's prompt")
     page.locator(".xterm").click()
     page.keyboard.type("cat /etc/mpi/hostfile\n")
     rows.filter(has_text="seed-launcher slots=1").wait_for()
@@ -147,3 +149,16 @@ def test_seed_flow_on_containers(
     with server.client() as c:
         assert c.list_clusters() == []
     wait_for(lambda: server_containers(server.key) == [], 60, "no container of the server left")
+
+
+def test_process_backend_lists_its_one_image(server: ControlPlane, page: Any) -> None:
+    """The counterpart on `--backend process`: the select holds the default and "local" (any framework)."""
+    sign_in(page, server.url, server.token)
+    page.goto(f"{server.url}/clusters/new")
+    options = page.get_by_label("Image").locator("option")
+    wait_for(lambda: options.count() > 1, 20, "the image list in the select")
+    texts = options.all_inner_texts()
+    assert len(texts) == 2 and texts[0] == "default image of the framework", texts
+    assert texts[1].startswith("local — any framework"), texts
+    page.get_by_label("DeepSpeed").check()
+    page.locator("#image-note").filter(has_text="default for deepspeed: local").wait_for()

@@ -29,6 +29,14 @@ function holds(image, framework) {
   return image.name === "local" || image.frameworks.includes(framework);
 }
 
+/** The image the server picks for `framework` when the select is left on the default: the newest
+ *  holding it, its :latest tag first (as `default_image_for` in elastrain/images/catalog.py). */
+function defaultImage(holders) {
+  const rank = (i) => [i.created, i.name.endsWith(":latest") ? 1 : 0, i.name];
+  const cmp = (a, b) => { for (let k = 0; k < 3; k += 1) { if (a[k] !== b[k]) return a[k] < b[k] ? -1 : 1; } return 0; };
+  return holders.reduce((best, i) => (cmp(rank(i), rank(best)) > 0 ? i : best));
+}
+
 /** An option's text: `name — frameworks, size`. */
 function imageLabel(image) {
   if (image.name === "local") return "local — any framework (" + (image.description || "no container image") + ")";
@@ -80,15 +88,17 @@ document.addEventListener("DOMContentLoaded", () => {
       imageNote.replaceChildren(
         `no image holds ${framework} yet: build one with `, Portal.el("code", {}, build));
     } else if (picked && !holds(picked, framework)) {
-      imageNote.textContent = `${picked.name} does not hold ${framework}: pick ` +
-        holders.map((i) => i.name).join(" or ") + " or the default";
+      imageNote.textContent = `${picked.name} does not hold ${framework}: ` +
+        `leave the default (${defaultImage(holders).name}) or pick an image that does`;
     } else if (!picked) {
-      imageNote.textContent = `default for ${framework}: ${holders[0].name}`;
+      imageNote.textContent = `default for ${framework}: ${defaultImage(holders).name}`;
     } else {
       imageNote.textContent = defaultNote;
     }
   }
-  for (const radio of form.querySelectorAll("input[name=framework]")) radio.addEventListener("change", imageHint);
+  for (const radio of form.querySelectorAll("input[name=framework]")) {
+    radio.addEventListener("change", () => { Portal.fieldError("framework", ""); imageHint(); });
+  }
   $("image").addEventListener("change", imageHint);
 
   Portal.api("GET", "/images").then((found) => {
