@@ -71,6 +71,9 @@ def main() -> None:
     sampler = elastrain.ElasticSampler(len(y_train), args.batch_size, seed=args.seed)
 
     elastrain.init()
+    device = elastrain.get_runtime().groups.device  # cuda:N under NCCL, the CPU under gloo
+    model.to(device)  # in place: the optimizer keeps the same parameters
+    x_train, y_train = x_train.to(device), y_train.to(device)
     state = elastrain.State(model=model, optimizer=optimizer, sampler=sampler, epoch=0)
 
     @elastrain.run
@@ -98,14 +101,15 @@ def main() -> None:
     train(state)
 
     with torch.no_grad():
-        x_test = torch.tensor(data["x_test"], dtype=dtype)
-        accuracy = (model(x_test).argmax(1) == torch.tensor(data["y_test"])).double().mean().item()
+        x_test = torch.tensor(data["x_test"], dtype=dtype, device=device)
+        y_test = torch.tensor(data["y_test"], device=device)
+        accuracy = (model(x_test).argmax(1) == y_test).double().mean().item()
     if state.rank == 0:
         print(f"test_accuracy={accuracy:.4f}", flush=True)
         if args.result:
             args.result.write_text(json.dumps({"test_accuracy": accuracy, "steps": state.step}))
         if args.params_out:
-            torch.save({k: v.clone() for k, v in model.state_dict().items()}, args.params_out)
+            torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, args.params_out)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -39,6 +40,23 @@ log = logging.getLogger("elastrain.container")
 MPI_DIR, JOBS_DIR = "/etc/mpi", "/var/log/jobs"
 GPU_DEVICE_DIR_ENV = "ELASTRAIN_GPU_DEVICE_DIR"  # where /dev/nvidiaN nodes are (tests use fake ones)
 _LOG_TAIL = 5
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # where podman (>= 4.1) reads CDI specs
+CDI_GPU_KIND = "nvidia.com/gpu"  # `nvidia-ctk cdi generate`: devices named by nvidia-smi index
+_CDI_KIND = re.compile(r"""["']?kind["']?\s*:\s*["']?nvidia\.com/gpu\b""")
+
+
+def cdi_gpus_available(dirs: tuple[Path, ...] | None = None) -> bool:
+    """True when a CDI spec declares kind nvidia.com/gpu (the NVIDIA container toolkit wrote one)."""
+    for directory in CDI_DIRS if dirs is None else dirs:
+        if not directory.is_dir():
+            continue
+        for spec in sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.json")):
+            try:
+                if _CDI_KIND.search(spec.read_text(errors="replace")):
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def server_key(data_dir: Path) -> str:
@@ -111,10 +129,13 @@ class ContainerBackend(Backend):
         """The elastrain images in podman's store (`elastrain image build` makes them)."""
         from elastrain.images.catalog import list_images
 
-        return [
-            ImageEntry(i.name, i.frameworks, i.size_bytes, i.created, f"OCI image {i.id[:12]}")
-            for i in list_images()
-        ]
+        by_id: dict[str, ImageEntry] = {}
+        for i in list_images():  # one entry per image: its :latest tag where it has one
+            if i.id not in by_id or i.name.endswith(":latest"):
+                by_id[i.id] = ImageEntry(
+                    i.name, i.frameworks, i.size_bytes, i.created, f"OCI image {i.id[:12]}"
+                )
+        return list(by_id.values())
 
     def resolve_image(self, image: str, framework: str) -> str:
         """The named image, or the newest holding `framework`; ValueError (what to do) when none fits."""
@@ -245,6 +266,24 @@ class ContainerBackend(Backend):
             args += ["--cpus", f"{spec.cpus:g}"]
         for mount in spec.mounts:
             args += ["--volume", f"{mount.source}:{mount.target}"]
+        args += self._gpu_args(spec)
+        for key, value in sorted(env.items()):
+            args += ["--env", f"{key}={value}"]
+        return [*args, spec.image, "python", "-m", "elastrain.agent.noded"]
+
+    def _gpu_args(self, spec: ContainerSpec) -> list[str]:
+        """Real GPUs through CDI where the NVIDIA toolkit wrote a spec (device nodes and the host
+        driver's libraries, by nvidia-smi index); otherwise the device nodes alone."""
+        if spec.real_gpus and spec.gpu_ids and cdi_gpus_available():
+            return [arg for gpu in spec.gpu_ids for arg in ("--device", f"{CDI_GPU_KIND}={gpu}")]
+        if spec.real_gpus and spec.gpu_ids:
+            log.warning(
+                "real GPUs but no %s CDI spec in %s: containers get device nodes without the NVIDIA "
+                "driver libraries; run `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`",
+                CDI_GPU_KIND,
+                " or ".join(map(str, CDI_DIRS)),
+            )
+        args = []
         for gpu in spec.gpu_ids:
             node = self.gpu_device_dir / f"nvidia{gpu}"
             if node.exists():
@@ -253,9 +292,7 @@ class ContainerBackend(Backend):
             for extra in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
                 if (self.gpu_device_dir / extra).exists():
                     args += ["--device", str(self.gpu_device_dir / extra)]
-        for key, value in sorted(env.items()):
-            args += ["--env", f"{key}={value}"]
-        return [*args, spec.image, "python", "-m", "elastrain.agent.noded"]
+        return args
 
     def create_container(self, spec: ContainerSpec) -> ContainerStatus:
         """Start the container (no-op when it runs; an ended one is removed and started anew)."""

@@ -170,6 +170,19 @@ def _build_final(
     shutil.rmtree(stage, ignore_errors=True)
 
 
+def _prune_older(repo: str, key: str, progress: Progress) -> None:
+    """Remove the earlier builds of `repo` (their keyed tags); one still used by a container stays."""
+    listed = podman("images", "--format", "{{.Repository}}:{{.Tag}}", repo, check=False, timeout=60)
+    old = {
+        ref
+        for ref in listed.stdout.split()
+        if ref.startswith(f"{repo}:") and ref.split(":")[-1] not in (key, "latest")
+    }
+    for ref in sorted(old):
+        if podman("rmi", ref, check=False, timeout=120).returncode == 0:
+            progress(f"  removed the earlier build {ref}")
+
+
 def build_image(
     framework: str = "pytorch", progress: Progress = print, repo_root: Path | None = None
 ) -> BuildResult:
@@ -199,6 +212,7 @@ def build_image(
             base_ref = f"{BASE_REPO}:{base_key}"
             _ensure_base(base_ref, f"{ROOTFS_REPO}:{rootfs_key}", reqs, constraints, cache, progress)
             _build_final(recipe, root, files, base_ref, key, cache, progress)
+            _prune_older(recipe.repo, key, progress)
         _, size = image_labels_and_size(name)
     return BuildResult(
         name=name, key=key, cached=cached, seconds=round(time.monotonic() - start, 2), size_bytes=size

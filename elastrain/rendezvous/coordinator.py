@@ -420,6 +420,9 @@ class Coordinator:
             self._agents_started.update(self.agents)  # give the old agents time to reconnect
             return
         self._agents_started.update(self.agents)
+        # a host whose agent is gone and that left the host list starts afresh when it comes back
+        # (a failed container the platform replaced under the same name)
+        self._agents_started.intersection_update(set(self.hosts) | set(self.agents))
         for host in self.hosts:
             if host not in self._agents_started:
                 self._agents_started.add(host)

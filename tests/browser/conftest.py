@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.containers import ContainerPlane, fake_gpus, image  # noqa: F401 - `image`: a fixture
+from tests.integration.containers import ContainerPlane, container_plane, image  # noqa: F401 - `image`: a fixture
 from tests.integration.test_control_plane import ControlPlane
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -103,18 +103,15 @@ def server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
 
 @pytest.fixture(scope="module")
 def container_server(
-    browser: Any, image: str, tmp_path_factory: pytest.TempPathFactory
+    browser: Any,
+    image: str,  # noqa: F811 - the fixture imported above (builds the pytorch image once)
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ContainerPlane]:
     """A control plane on the container backend (podman; 8 fake GPU device nodes) for the module's
     tests; skipped (with the reason) where podman cannot run containers. Its clusters are deleted, it is
     stopped by PID, and cleanup asserts that none of its containers or networks is left."""
-    root = tmp_path_factory.mktemp("portal-containers")
-    plane = ContainerPlane(root, fake_gpus(root / "gpus", 8))
-    plane.start()
-    try:
+    with container_plane(tmp_path_factory.mktemp("portal-containers")) as plane:
         yield plane
-    finally:
-        plane.cleanup()
 
 
 @pytest.fixture

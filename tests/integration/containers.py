@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -81,13 +82,19 @@ def fake_gpus(directory: Path, count: int) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module")
-def ccp(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerPlane]:
-    """A server on the container backend with 8 fake GPUs."""
-    root = tmp_path_factory.mktemp("ccp")
+@contextlib.contextmanager
+def container_plane(root: Path) -> Iterator[ContainerPlane]:
+    """A started server on the container backend with 8 fake GPUs; cleaned up (and checked) after."""
     plane = ContainerPlane(root, fake_gpus(root / "gpus", 8))
     plane.start()
     try:
         yield plane
     finally:
         plane.cleanup()
+
+
+@pytest.fixture(scope="module")
+def ccp(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerPlane]:
+    """A server on the container backend with 8 fake GPUs."""
+    with container_plane(tmp_path_factory.mktemp("ccp")) as plane:
+        yield plane

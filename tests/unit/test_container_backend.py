@@ -110,3 +110,20 @@ def test_node_daemon_refuses_a_wrong_secret_and_runs_an_agent_for_the_right_one(
         assert "coordinator" in "".join(str(m.get("out", "")) for m in ran)  # the agent's own --help
     finally:
         daemon.server.close()
+
+
+def test_real_gpus_go_through_cdi_when_the_toolkit_wrote_a_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import elastrain.backends.container as container
+
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    monkeypatch.setattr(container, "CDI_DIRS", (cdi,))
+    backend = ContainerBackend(tmp_path / "data")
+    backend.gpu_device_dir = tmp_path  # no device nodes here
+    real = spec(real_gpus=True)
+    assert not container.cdi_gpus_available((cdi,)) and backend._gpu_args(real) == []
+    (cdi / "nvidia.yaml").write_text('cdiVersion: 0.5.0\nkind: "nvidia.com/gpu"\ndevices: []\n')
+    assert backend._gpu_args(real) == ["--device", "nvidia.com/gpu=3", "--device", "nvidia.com/gpu=5"]
+    assert backend._gpu_args(spec()) == []  # virtual GPUs never use CDI
