@@ -40,6 +40,7 @@ log = logging.getLogger("elastrain.container")
 MPI_DIR, JOBS_DIR = "/etc/mpi", "/var/log/jobs"
 GPU_DEVICE_DIR_ENV = "ELASTRAIN_GPU_DEVICE_DIR"  # where /dev/nvidiaN nodes are (tests use fake ones)
 _LOG_TAIL = 5
+_HOSTS_HEAD = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # where podman (>= 4.1) reads CDI specs
 CDI_GPU_KIND = "nvidia.com/gpu"  # `nvidia-ctk cdi generate`: devices named by nvidia-smi index
 _CDI_KIND = re.compile(r"""["']?kind["']?\s*:\s*["']?nvidia\.com/gpu\b""")
@@ -184,6 +185,8 @@ class ContainerBackend(Backend):
                 pass
             os.chmod(base / sub, 0o700)
         atomic_write_text(base / "mounts.json", json.dumps({m.target: m.source for m in spec.mounts}))
+        if not (base / "hosts").exists():
+            atomic_write_text(base / "hosts", _HOSTS_HEAD)
         secret_file = base / "secret"
         if not secret_file.exists():
             fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -253,9 +256,16 @@ class ContainerBackend(Backend):
             "--security-opt", "no-new-privileges",
             "--workdir", home,
             "--volume", f"{base / 'mpi'}:{MPI_DIR}:ro",
+            "--volume", f"{base / 'hosts'}:/etc/hosts:ro",
             "--volume", f"{base / 'home'}:{home}",
             *ulimit_args(),
         ]  # fmt: skip
+        gateway = self._gateway(spec.cluster)
+        if gateway:
+            # names on the cluster network come from its DNS server (aardvark) at the gateway alone, and
+            # a lookup fails within a second: a slow or unreachable upstream resolver must not stall
+            # the rendezvous store, which resolves each connecting peer
+            args += ["--dns", gateway, "--dns-option", "timeout:1", "--dns-option", "attempts:2"]
         if spec.role == "launcher":
             args += ["--volume", f"{base / 'jobs'}:{JOBS_DIR}"]
         if spec.shm_bytes > 0:
@@ -303,6 +313,7 @@ class ContainerBackend(Backend):
             podman("rm", "--force", self.container_name(spec.name), check=False)
         secret = self._prepare_cluster(spec)
         podman(*self._run_args(spec, secret), timeout=180)
+        self._refresh_hosts(spec.cluster)
         status = self._inspect(spec.name)
         return status or ContainerStatus(spec.cluster, spec.name, None, False, False, spec.address)
 
@@ -371,7 +382,40 @@ class ContainerBackend(Backend):
             raise ValueError(f"the container backend writes files under {MPI_DIR} only, not {path}")
         target = self.cluster_dir(cluster) / "mpi" / path[len(MPI_DIR) + 1 :]
         if target.parent.exists():
+            self._refresh_hosts(cluster)  # every host the new hostfile names resolves before it is read
             atomic_write_text(target, text)
+
+    def _refresh_hosts(self, cluster: str) -> None:
+        """Rewrite the cluster's /etc/hosts: every running container's address and names.
+
+        Names on the cluster network then resolve without DNS: podman's DNS server (aardvark) stops
+        answering for seconds whenever a container of the network dies, which would stall the
+        rendezvous (it resolves peers) and the start of agents exactly when a job must recover.
+        """
+        path = self.cluster_dir(cluster) / "hosts"
+        if not path.exists():
+            return
+        names = [
+            self.container_name(s.name) for s in self.list_containers() if s.cluster == cluster and s.alive
+        ]
+        lines = [_HOSTS_HEAD]
+        gateway = self._gateway(cluster)
+        if gateway:
+            lines.append(f"{gateway}\thost.containers.internal\n")
+        network = self.network_name(cluster)
+        for info in podman_json("inspect", "--format", "json", *names) if names else []:
+            address = (
+                ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}).get("IPAddress")
+            )
+            hostname = (info.get("Config") or {}).get("Hostname")
+            if address and hostname:
+                lines.append(f"{address}\t{hostname} {info.get('Name', '').lstrip('/')}\n")
+        # in place (the file is bind-mounted: a rename would not reach the containers), in one write
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, "".join(lines).encode())
+        finally:
+            os.close(fd)
 
     def _exec_prefix(self, spec: ContainerSpec, env: dict[str, str], tty: bool) -> list[str]:
         flags = ["--interactive", "--tty"] if tty else []

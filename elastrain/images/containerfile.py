@@ -59,7 +59,9 @@ def podman_build(
     (context / "Containerfile").write_text(containerfile)
     iidfile = context / ".iid"
     iidfile.unlink(missing_ok=True)
-    args = ["build", "--pull=never", "--network", "none", "--layers", "--force-rm", *ulimit_args()]
+    # --no-cache: the wheels reach RUN steps through bind mounts, which buildah's layer cache does not
+    # hash; a cached layer would keep the previous build's elastrain (our own keys decide what to build)
+    args = ["build", "--pull=never", "--network", "none", "--no-cache", "--force-rm", *ulimit_args()]
     for tag in tags:
         args += ["--tag", tag]
     args += ["--iidfile", str(iidfile), "--file", str(context / "Containerfile"), str(context)]

@@ -124,10 +124,26 @@ class Coordinator:
         """The host list changed (hostfile rewritten, discovery output changed)."""
         with self._lock:
             new = hostfile.slots_by_host()
-            if new == self.hosts:
+            # listed by a newer host list while its agent is gone and nothing runs there: the platform
+            # replaced it (a failed container started anew under the same name), so it starts afresh
+            revived = {
+                h
+                for h in new
+                if h in self._agents_started
+                and h not in self.agents
+                and not any(w.host == h and w.state in _LIVE for w in self.workers.values())
+            }
+            if new == self.hosts and not revived:
+                log.debug(
+                    "host list unchanged: agents %s, started %s, live %s",
+                    sorted(self.agents), sorted(self._agents_started),
+                    sorted(w.worker_id for w in self.workers.values() if w.state in _LIVE),
+                )  # fmt: skip
                 return
-            log.info("hosts changed: %s -> %s", self.hosts, new)
-            self.slots.set_hosts(self.hosts, new)
+            back = f" (back: {', '.join(sorted(revived))})" if revived else ""
+            log.info("hosts changed: %s -> %s%s", self.hosts, new, back)
+            self._agents_started -= revived
+            self.slots.set_hosts({h: n for h, n in self.hosts.items() if h not in revived}, new)
             self.hosts = dict(new)
             for worker in self.workers.values():
                 if worker.state in _LIVE and worker.local_rank >= self.hosts.get(worker.host, 0):

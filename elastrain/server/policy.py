@@ -50,6 +50,7 @@ class ClusterView:
     admitted: bool = True  # False: queued by the scheduler, nothing starts
     size_reason: str = ""  # the scheduler's reason for the size (or for waiting)
     jobs: tuple[JobHosts, ...] = ()  # the running jobs and the hosts they last reported
+    next_index: int = 0  # named hosts: the lowest worker index never used in this cluster
 
 
 class Action(str, enum.Enum):
@@ -231,7 +232,9 @@ def _scale(
         to_add.append((f"{cluster.name}-launcher", ContainerRole.launcher))
     taken = {k.name for k in cluster.containers if k.state == ContainerState.Terminating} | set(live)
     taken |= {k.name for k in kept_failed}
-    index = 0
+    # Named hosts never reuse a worker's name: a replaced container is a new host to a running job (and
+    # to DNS), not an old one that a job may still hold a dead connection to.
+    index = cluster.next_index if named_hosts else 0
     for _ in range(max(0, want_workers - len(workers))):
         while f"{cluster.name}-worker-{index}" in taken:
             index += 1

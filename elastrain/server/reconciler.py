@@ -20,7 +20,15 @@ from elastrain.errors import ElastrainError
 from elastrain.hostfile import Hostfile, render_hostfile
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.membership import JobHosts, JobMembership
-from elastrain.server.policy import Action, ClusterView, ContainerView, Decision, hosts_text, plan
+from elastrain.server.policy import (
+    Action,
+    ClusterView,
+    ContainerView,
+    Decision,
+    hosts_text,
+    plan,
+    worker_index,
+)
 from elastrain.server.scheduling import ClusterScheduler, default_scheduler
 
 log = logging.getLogger("elastrain.reconciler")
@@ -63,6 +71,7 @@ def cluster_view(cluster: Cluster, jobs: tuple[JobHosts, ...] = ()) -> ClusterVi
         admitted=cluster.admitted,
         size_reason=cluster.size_reason,
         jobs=jobs,
+        next_index=cluster.next_index or 0,
     )
 
 
@@ -244,6 +253,7 @@ class Reconciler:
                 state=ContainerState.Pending,
             )
             session.add(row)
+            cluster.next_index = max(cluster.next_index or 0, worker_index(d.container) + 1)
             session.commit()  # the row exists before the process: a crash in between is adopted
             add_event(
                 session,

@@ -95,3 +95,13 @@ def test_second_build_is_cached(built: BuildResult) -> None:
     assert again.cached
     assert again.name == built.name and again.key == built.key
     assert again.seconds < 30
+
+
+def test_image_holds_this_checkouts_code(built: BuildResult) -> None:
+    """The installed package is the working tree's (a layer cache must never keep an earlier build)."""
+    import hashlib
+
+    site = "/opt/elastrain/venv/lib/python3.11/site-packages/elastrain"
+    for rel in ("rendezvous/coordinator.py", "backends/container.py", "agent/noded.py"):
+        inside = _run(built.name, "sha256sum", f"{site}/{rel}").split()[0]
+        assert inside == hashlib.sha256((REPO / "elastrain" / rel).read_bytes()).hexdigest(), rel
