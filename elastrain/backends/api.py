@@ -120,6 +120,9 @@ class Backend(abc.ABC):
         """The images clusters can use (the process backend has one: the server's own environment)."""
         return [ImageEntry("local", (), description="the server's Python environment (no container image)")]
 
+    def serve_api(self, host: str, port: int) -> None:  # noqa: B027 - optional hook
+        """Where the server's API listens (a backend whose containers cannot reach it relays to it)."""
+
     def api_url(self, cluster: str, server_url: str) -> str:
         """The control plane's URL as processes in the cluster's containers reach it."""
         return server_url

@@ -35,12 +35,20 @@ from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
 from elastrain.backends.podmanctl import PodmanError, exec_argv, podman, podman_json, ulimit_args
 from elastrain.hostfile import atomic_write_text
+from elastrain.httpunix import unix_url
 
 log = logging.getLogger("elastrain.container")
 MPI_DIR, JOBS_DIR = "/etc/mpi", "/var/log/jobs"
+API_SOCKET_DIR = "/run/elastrain"  # in the containers: api.sock, relayed to the server's API
+SOCKET_ROOT = Path("/run/elastrain-api")
 GPU_DEVICE_DIR_ENV = "ELASTRAIN_GPU_DEVICE_DIR"  # where /dev/nvidiaN nodes are (tests use fake ones)
 _LOG_TAIL = 5
 _HOSTS_HEAD = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+# host names come from /etc/hosts alone (kept by `_refresh_hosts`): a lookup never waits for DNS, which
+# also turns a reverse lookup of an unknown peer (the rendezvous store logs each one) into an instant miss
+_NSSWITCH = "".join(
+    f"{db}:\tfiles\n" for db in ("passwd", "group", "shadow", "hosts", "networks", "protocols", "services")
+)
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # where podman (>= 4.1) reads CDI specs
 CDI_GPU_KIND = "nvidia.com/gpu"  # `nvidia-ctk cdi generate`: devices named by nvidia-smi index
 _CDI_KIND = re.compile(r"""["']?kind["']?\s*:\s*["']?nvidia\.com/gpu\b""")
@@ -88,6 +96,8 @@ class ContainerBackend(Backend):
         self.server_key = server_key(self.data_dir)
         self.stop_timeout_s = stop_timeout_s
         self.relays = RelaySet()
+        # Unix socket paths are limited to 108 bytes: the API sockets live under a short root
+        self.socket_root = SOCKET_ROOT / self.server_key
         self._exit_reasons: dict[str, str] = {}  # container id -> why it ended (read once)
         self.gpu_device_dir = Path(os.environ.get(GPU_DEVICE_DIR_ENV, "/dev"))
 
@@ -187,6 +197,11 @@ class ContainerBackend(Backend):
         atomic_write_text(base / "mounts.json", json.dumps({m.target: m.source for m in spec.mounts}))
         if not (base / "hosts").exists():
             atomic_write_text(base / "hosts", _HOSTS_HEAD)
+        atomic_write_text(base / "nsswitch.conf", _NSSWITCH)
+        sockets = self.api_socket_dir(spec.cluster)
+        sockets.mkdir(parents=True, exist_ok=True)
+        os.chmod(sockets, 0o755)
+        self.relays.ensure(sockets / "api.sock")
         secret_file = base / "secret"
         if not secret_file.exists():
             fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -213,15 +228,22 @@ class ContainerBackend(Backend):
                     return str(subnet["gateway"])
         return None
 
+    def api_socket_dir(self, cluster: str) -> Path:
+        """The directory holding the cluster's API socket (mounted at /run/elastrain in its containers)."""
+        return self.socket_root / cluster
+
     def api_url(self, cluster: str, server_url: str) -> str:
-        """The API through this cluster's gateway relay (containers cannot reach the host's loopback)."""
-        gateway = self._gateway(cluster)
-        url = self.relays.url_for(gateway) if gateway else None
-        return url or server_url
+        """The API as the cluster's containers reach it: a Unix socket relayed to the server."""
+        if self.relays.ensure(self.api_socket_dir(cluster) / "api.sock"):
+            return unix_url(f"{API_SOCKET_DIR}/api.sock")
+        return server_url
 
     def serve_api(self, host: str, port: int) -> None:
-        """Where the server listens; relays to it are opened per cluster network on demand."""
-        self.relays.target = ("127.0.0.1" if host in ("localhost",) else host, port)
+        """Where the server listens; the API sockets of existing clusters are opened again."""
+        self.relays.target = (host, port)
+        for cluster_dir in sorted(self.root.iterdir()) if self.root.exists() else []:
+            if (cluster_dir / "secret").exists() and self.api_socket_dir(cluster_dir.name).exists():
+                self.relays.ensure(self.api_socket_dir(cluster_dir.name) / "api.sock")
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def _run_args(self, spec: ContainerSpec, secret: str) -> list[str]:
@@ -257,15 +279,11 @@ class ContainerBackend(Backend):
             "--workdir", home,
             "--volume", f"{base / 'mpi'}:{MPI_DIR}:ro",
             "--volume", f"{base / 'hosts'}:/etc/hosts:ro",
+            "--volume", f"{base / 'nsswitch.conf'}:/etc/nsswitch.conf:ro",
+            "--volume", f"{self.api_socket_dir(spec.cluster)}:{API_SOCKET_DIR}:ro",
             "--volume", f"{base / 'home'}:{home}",
             *ulimit_args(),
         ]  # fmt: skip
-        gateway = self._gateway(spec.cluster)
-        if gateway:
-            # names on the cluster network come from its DNS server (aardvark) at the gateway alone, and
-            # a lookup fails within a second: a slow or unreachable upstream resolver must not stall
-            # the rendezvous store, which resolves each connecting peer
-            args += ["--dns", gateway, "--dns-option", "timeout:1", "--dns-option", "attempts:2"]
         if spec.role == "launcher":
             args += ["--volume", f"{base / 'jobs'}:{JOBS_DIR}"]
         if spec.shm_bytes > 0:
@@ -327,6 +345,8 @@ class ContainerBackend(Backend):
         if names:
             podman("rm", "--force", "--time", str(self.stop_timeout_s), *names, check=False, timeout=300)
         podman("network", "rm", "--force", self.network_name(cluster), check=False)
+        self.relays.drop(self.api_socket_dir(cluster) / "api.sock")
+        shutil.rmtree(self.api_socket_dir(cluster), ignore_errors=True)
         shutil.rmtree(self.cluster_dir(cluster), ignore_errors=True)
 
     def list_containers(self) -> list[ContainerStatus]:

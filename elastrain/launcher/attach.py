@@ -21,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastrain.httpunix import urlopen
+
 ROOT_ENV = "ELASTRAIN_CONTAINER_ROOT"
 ATTACH_URL_ENV = "ELASTRAIN_ATTACH_URL"
 ATTACH_TOKEN_ENV = "ELASTRAIN_ATTACH_TOKEN"
@@ -65,7 +67,7 @@ def attach(command: list[str], environ: dict[str, str] | None = None) -> Attache
         headers={"Content-Type": "application/json", "X-Attach-Token": token},
     )
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urlopen(request, timeout=10) as response:
             body = json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"elastrain: not reporting to the control plane ({exc}); training goes on", file=sys.stderr)

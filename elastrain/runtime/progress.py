@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elastrain.httpunix import urlopen
+
 if TYPE_CHECKING:
     from elastrain.runtime.checkpoint import Manifest
 
@@ -39,7 +41,7 @@ def _post(endpoint: str, token: str, body: dict[str, Any]) -> int:
         headers={"Content-Type": "application/json", "X-Job-Token": token},
     )
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
+        with urlopen(request, timeout=5) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)

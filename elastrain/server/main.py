@@ -179,9 +179,7 @@ def run_server(args: argparse.Namespace) -> int:
     services = Services(db, backend, inventory, reconciler, allowed_mount_roots=roots)
     url = f"http://{args.host}:{args.port}"
     local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    serve_api = getattr(backend, "serve_api", None)
-    if callable(serve_api):  # containers reach the API through a relay on their network's gateway
-        serve_api(args.host, args.port)
+    backend.serve_api(args.host, args.port)  # containers reach the API through relays to it
     jobs = JobService(db, backend, inventory, report_url=f"http://{local}:{args.port}", membership=membership)
     reconciler.hooks.append(jobs.poll)
     services.attach_env = jobs.attach_env
