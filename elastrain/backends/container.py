@@ -8,13 +8,11 @@ Per cluster: one bridge network (isolated from every other cluster's), and on th
     jobs/            /var/log/jobs in the launcher: logs and exit codes of the cluster's jobs
     secret           the cluster's node secret (ELASTRAIN_NODE_SECRET inside; 0600 here)
     mounts.json      container path -> host path of the cluster's storage mounts
+    hosts            /etc/hosts of every container (the running containers' addresses; kept current)
+    nsswitch.conf    /etc/nsswitch.conf: names from /etc/hosts only, never DNS
 
-Each container: image from the cluster, hostname ``<cluster>-launcher`` / ``<cluster>-worker-<i>``
-(resolvable by name on the cluster network), labels ``elastrain.cluster``, ``elastrain.role``,
-``elastrain.container`` and ``elastrain.server`` (which server's data directory owns it, so two servers
-on one machine never adopt each other's containers), ``--shm-size``, ``--memory``/``--cpus`` where given,
-the tenant's unprivileged uid, no capabilities, its own GPU device nodes and ``CUDA_VISIBLE_DEVICES``,
-and the node daemon (`elastrain.agent.noded`) as its program, under podman's init.
+Each container's ``podman run`` flags are `elastrain.backends.container_run`'s; this module owns the
+lifecycle: networks, the cluster's files, starting, listing, adopting by label, exec, cleanup.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import subprocess
@@ -31,57 +28,31 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, ImageEntry
+from elastrain.backends.container_run import (
+    API_SOCKET_DIR,
+    GPU_DEVICE_DIR_ENV,
+    HOSTS_HEAD,
+    JOBS_DIR,
+    MPI_DIR,
+    NSSWITCH,
+    ClusterFiles,
+    gpu_args,
+    run_args,
+)
 from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
-from elastrain.backends.podmanctl import PodmanError, exec_argv, podman, podman_json, ulimit_args
+from elastrain.backends.podmanctl import PodmanError, exec_argv, podman, podman_json
 from elastrain.hostfile import atomic_write_text
 from elastrain.httpunix import unix_url
 
 log = logging.getLogger("elastrain.container")
-MPI_DIR, JOBS_DIR = "/etc/mpi", "/var/log/jobs"
-API_SOCKET_DIR = "/run/elastrain"  # in the containers: api.sock, relayed to the server's API
 SOCKET_ROOT = Path("/run/elastrain-api")
-GPU_DEVICE_DIR_ENV = "ELASTRAIN_GPU_DEVICE_DIR"  # where /dev/nvidiaN nodes are (tests use fake ones)
 _LOG_TAIL = 5
-_HOSTS_HEAD = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-# host names come from /etc/hosts alone (kept by `_refresh_hosts`): a lookup never waits for DNS, which
-# also turns a reverse lookup of an unknown peer (the rendezvous store logs each one) into an instant miss
-_NSSWITCH = "".join(
-    f"{db}:\tfiles\n" for db in ("passwd", "group", "shadow", "hosts", "networks", "protocols", "services")
-)
-CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # where podman (>= 4.1) reads CDI specs
-CDI_GPU_KIND = "nvidia.com/gpu"  # `nvidia-ctk cdi generate`: devices named by nvidia-smi index
-_CDI_KIND = re.compile(r"""["']?kind["']?\s*:\s*["']?nvidia\.com/gpu\b""")
-
-
-def cdi_gpus_available(dirs: tuple[Path, ...] | None = None) -> bool:
-    """True when a CDI spec declares kind nvidia.com/gpu (the NVIDIA container toolkit wrote one)."""
-    for directory in CDI_DIRS if dirs is None else dirs:
-        if not directory.is_dir():
-            continue
-        for spec in sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.json")):
-            try:
-                if _CDI_KIND.search(spec.read_text(errors="replace")):
-                    return True
-            except OSError:
-                continue
-    return False
 
 
 def server_key(data_dir: Path) -> str:
     """The ``elastrain.server`` label of the containers of the server with data directory `data_dir`."""
     return f"{zlib.crc32(str(Path(data_dir).resolve()).encode()):08x}"
-
-
-def _gpu_env(spec: ContainerSpec) -> dict[str, str]:
-    host_ids = ",".join(str(g) for g in spec.gpu_ids)
-    # the container sees only its own devices, so CUDA numbers them 0..n-1 there
-    local = ",".join(str(i) for i in range(len(spec.gpu_ids)))
-    return {
-        "ELASTRAIN_VISIBLE_GPUS": host_ids,
-        "NVIDIA_VISIBLE_DEVICES": host_ids or "void",
-        "CUDA_VISIBLE_DEVICES": local,
-    }
 
 
 class ContainerBackend(Backend):
@@ -196,8 +167,8 @@ class ContainerBackend(Backend):
             os.chmod(base / sub, 0o700)
         atomic_write_text(base / "mounts.json", json.dumps({m.target: m.source for m in spec.mounts}))
         if not (base / "hosts").exists():
-            atomic_write_text(base / "hosts", _HOSTS_HEAD)
-        atomic_write_text(base / "nsswitch.conf", _NSSWITCH)
+            atomic_write_text(base / "hosts", HOSTS_HEAD)
+        atomic_write_text(base / "nsswitch.conf", NSSWITCH)
         sockets = self.api_socket_dir(spec.cluster)
         sockets.mkdir(parents=True, exist_ok=True)
         os.chmod(sockets, 0o755)
@@ -247,80 +218,15 @@ class ContainerBackend(Backend):
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def _run_args(self, spec: ContainerSpec, secret: str) -> list[str]:
-        home = self._home(spec)
-        env = {
-            "ELASTRAIN_CLUSTER": spec.cluster,
-            "ELASTRAIN_CONTAINER": spec.name,
-            "ELASTRAIN_CONTAINER_ROLE": spec.role,
-            "ELASTRAIN_CONTAINER_ADDRESS": spec.address,
-            "ELASTRAIN_HOSTFILE": f"{MPI_DIR}/hostfile",
-            "ELASTRAIN_SHM_BYTES": str(spec.shm_bytes),
-            "ELASTRAIN_NODE_SECRET": secret,
-            "HOME": home,
-            "USER": spec.tenant or "elastrain",
-            **_gpu_env(spec),
-            **spec.env,
-        }
-        base = self.cluster_dir(spec.cluster)
-        args = [
-            "run", "--detach", "--init",
-            "--name", self.container_name(spec.name),
-            "--hostname", spec.name,
-            "--network", self.network_name(spec.cluster),
-            "--network-alias", spec.name,
-            "--label", f"elastrain.cluster={spec.cluster}",
-            "--label", f"elastrain.role={spec.role}",
-            "--label", f"elastrain.container={spec.name}",
-            "--label", f"elastrain.server={self.server_key}",
-            "--label", f"elastrain.cluster-uid={spec.cluster_uid}",
-            "--user", f"{spec.tenant_uid}:{spec.tenant_uid}",
-            "--cap-drop", "all",
-            "--security-opt", "no-new-privileges",
-            "--workdir", home,
-            "--volume", f"{base / 'mpi'}:{MPI_DIR}:ro",
-            "--volume", f"{base / 'hosts'}:/etc/hosts:ro",
-            "--volume", f"{base / 'nsswitch.conf'}:/etc/nsswitch.conf:ro",
-            "--volume", f"{self.api_socket_dir(spec.cluster)}:{API_SOCKET_DIR}:ro",
-            "--volume", f"{base / 'home'}:{home}",
-            *ulimit_args(),
-        ]  # fmt: skip
-        if spec.role == "launcher":
-            args += ["--volume", f"{base / 'jobs'}:{JOBS_DIR}"]
-        if spec.shm_bytes > 0:
-            args += ["--shm-size", f"{spec.shm_bytes}b"]
-        if spec.memory_bytes > 0:
-            args += ["--memory", f"{spec.memory_bytes}b"]
-        if spec.cpus > 0:
-            args += ["--cpus", f"{spec.cpus:g}"]
-        for mount in spec.mounts:
-            args += ["--volume", f"{mount.source}:{mount.target}"]
-        args += self._gpu_args(spec)
-        for key, value in sorted(env.items()):
-            args += ["--env", f"{key}={value}"]
-        return [*args, spec.image, "python", "-m", "elastrain.agent.noded"]
+        files = ClusterFiles(
+            self.cluster_dir(spec.cluster), self.api_socket_dir(spec.cluster), self.network_name(spec.cluster)
+        )
+        return run_args(
+            spec, secret, files, self.container_name(spec.name), self.server_key, self.gpu_device_dir
+        )
 
     def _gpu_args(self, spec: ContainerSpec) -> list[str]:
-        """Real GPUs through CDI where the NVIDIA toolkit wrote a spec (device nodes and the host
-        driver's libraries, by nvidia-smi index); otherwise the device nodes alone."""
-        if spec.real_gpus and spec.gpu_ids and cdi_gpus_available():
-            return [arg for gpu in spec.gpu_ids for arg in ("--device", f"{CDI_GPU_KIND}={gpu}")]
-        if spec.real_gpus and spec.gpu_ids:
-            log.warning(
-                "real GPUs but no %s CDI spec in %s: containers get device nodes without the NVIDIA "
-                "driver libraries; run `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`",
-                CDI_GPU_KIND,
-                " or ".join(map(str, CDI_DIRS)),
-            )
-        args = []
-        for gpu in spec.gpu_ids:
-            node = self.gpu_device_dir / f"nvidia{gpu}"
-            if node.exists():
-                args += ["--device", f"{node}:/dev/nvidia{gpu}"]
-        if spec.real_gpus:
-            for extra in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-                if (self.gpu_device_dir / extra).exists():
-                    args += ["--device", str(self.gpu_device_dir / extra)]
-        return args
+        return gpu_args(spec, self.gpu_device_dir)
 
     def create_container(self, spec: ContainerSpec) -> ContainerStatus:
         """Start the container (no-op when it runs; an ended one is removed and started anew)."""
@@ -418,7 +324,7 @@ class ContainerBackend(Backend):
         names = [
             self.container_name(s.name) for s in self.list_containers() if s.cluster == cluster and s.alive
         ]
-        lines = [_HOSTS_HEAD]
+        lines = [HOSTS_HEAD]
         gateway = self._gateway(cluster)
         if gateway:
             lines.append(f"{gateway}\thost.containers.internal\n")

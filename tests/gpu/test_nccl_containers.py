@@ -14,11 +14,8 @@ build of torch in the image, and the NVIDIA user-space driver (libcuda.so.1), wh
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +25,7 @@ from elastrain.client import Client
 from elastrain.report import build_report
 from tests.integration.containers import ContainerPlane, image  # noqa: F401
 from tests.integration.test_containers import run_in, shared_storage
-from tests.integration.test_control_plane import REPO, all_running, job_world, wait_for
+from tests.integration.test_control_plane import all_running, job_world, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 SAMPLES = 10000
@@ -94,33 +91,7 @@ class RealGpuPlane(ContainerPlane):
     """A server on the container backend without ``--gpus``: its inventory detects the real GPUs."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__(root, Path("/dev"))
-
-    def start(self) -> float:
-        argv = [
-            sys.executable, "-m", "elastrain", "server",
-            "--port", str(self.port),
-            "--data-dir", str(self.data),
-            "--backend", "container",
-            "--allow-mount", str(self.mounts),
-            "--drain-seconds", "20",
-            "--reconcile-interval", "0.2",
-        ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k != "ELASTRAIN_GPU_DEVICE_DIR"}  # the real /dev
-        log = open(self.root / "server.log", "ab")  # noqa: SIM115 - closed when the process ends
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-        log.close()
-        probe = Client(self.url, "")
-        try:
-            wait_for(
-                lambda: probe.health() or self.proc is None or self.proc.poll() is not None, 60, "server"
-            )
-        finally:
-            probe.close()
-        assert self.proc.poll() is None, (self.root / "server.log").read_text()[-3000:]
-        self.token = (self.data / "admin-token").read_text().strip()
-        return time.monotonic() - t0
+        super().__init__(root, gpu_dir=None, gpus=None)  # the real /dev and the detected GPUs
 
 
 @pytest.fixture(scope="module")

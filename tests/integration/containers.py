@@ -41,16 +41,21 @@ def server_containers(key: str) -> list[str]:
 class ContainerPlane(ControlPlane):
     """A `ControlPlane` on the container backend; cleanup checks that no container or network is left."""
 
-    def __init__(self, root: Path, gpu_dir: Path) -> None:
-        super().__init__(root, extra_args=("--backend", "container"))
+    def __init__(self, root: Path, gpu_dir: Path | None, gpus: int | None = 8) -> None:
+        """`gpu_dir`: fake GPU device nodes (None: the machine's /dev); `gpus` as in `ControlPlane`."""
+        super().__init__(root, gpus=gpus, extra_args=("--backend", "container"))
         self.gpu_dir = gpu_dir
 
     def start(self) -> float:
-        os.environ["ELASTRAIN_GPU_DEVICE_DIR"] = str(self.gpu_dir)  # read by the server it starts
+        saved = os.environ.pop("ELASTRAIN_GPU_DEVICE_DIR", None)
+        if self.gpu_dir is not None:
+            os.environ["ELASTRAIN_GPU_DEVICE_DIR"] = str(self.gpu_dir)  # read by the server it starts
         try:
             return super().start()
         finally:
-            del os.environ["ELASTRAIN_GPU_DEVICE_DIR"]
+            os.environ.pop("ELASTRAIN_GPU_DEVICE_DIR", None)
+            if saved is not None:
+                os.environ["ELASTRAIN_GPU_DEVICE_DIR"] = saved
 
     @property
     def key(self) -> str:

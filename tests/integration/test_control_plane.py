@@ -141,8 +141,9 @@ class ControlPlane:
     """One `elastrain server` process with its own data dir (and database)."""
 
     def __init__(
-        self, root: Path, db_url: str | None = None, gpus: int = 8, extra_args: tuple[str, ...] = ()
+        self, root: Path, db_url: str | None = None, gpus: int | None = 8, extra_args: tuple[str, ...] = ()
     ) -> None:
+        """`gpus`: virtual GPUs to declare (None: the server detects the real ones)."""
         self.root = root
         self.extra_args = extra_args
         self.data = root / "data"
@@ -166,8 +167,7 @@ class ControlPlane:
             str(self.port),
             "--data-dir",
             str(self.data),
-            "--gpus",
-            str(self.gpus),
+            *(["--gpus", str(self.gpus)] if self.gpus is not None else []),
             "--allow-mount",
             str(self.mounts),
             "--drain-seconds",

@@ -115,7 +115,7 @@ def test_node_daemon_refuses_a_wrong_secret_and_runs_an_agent_for_the_right_one(
 def test_real_gpus_go_through_cdi_when_the_toolkit_wrote_a_spec(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import elastrain.backends.container as container
+    import elastrain.backends.container_run as container
 
     cdi = tmp_path / "cdi"
     cdi.mkdir()

@@ -1,0 +1,154 @@
+"""The ``podman run`` command of a cluster container: its flags, environment, mounts and GPUs.
+
+What a container gets (see `elastrain.backends.container` for the lifecycle): the image, hostname
+``<cluster>-launcher`` / ``<cluster>-worker-<i>`` on the cluster's network, labels ``elastrain.cluster``,
+``elastrain.role``, ``elastrain.container`` and ``elastrain.server``, ``--shm-size``,
+``--memory``/``--cpus`` where given, the tenant's unprivileged uid with no capabilities, the cluster's
+``/etc/mpi`` (read-only), ``/etc/hosts`` and ``/etc/nsswitch.conf`` (names from files only), the API
+socket directory, the tenant's home, its own GPU devices, and the node daemon as its program.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from elastrain.backends.api import ContainerSpec
+from elastrain.backends.podmanctl import ulimit_args
+
+log = logging.getLogger("elastrain.container")
+MPI_DIR, JOBS_DIR = "/etc/mpi", "/var/log/jobs"
+API_SOCKET_DIR = "/run/elastrain"  # in the containers: api.sock, relayed to the server's API
+GPU_DEVICE_DIR_ENV = "ELASTRAIN_GPU_DEVICE_DIR"  # where /dev/nvidiaN nodes are (tests use fake ones)
+HOSTS_HEAD = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+# host names come from /etc/hosts alone (kept by `_refresh_hosts`): a lookup never waits for DNS, which
+# also turns a reverse lookup of an unknown peer (the rendezvous store logs each one) into an instant miss
+NSSWITCH = "".join(
+    f"{db}:\tfiles\n" for db in ("passwd", "group", "shadow", "hosts", "networks", "protocols", "services")
+)
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # where podman (>= 4.1) reads CDI specs
+CDI_GPU_KIND = "nvidia.com/gpu"  # `nvidia-ctk cdi generate`: devices named by nvidia-smi index
+_CDI_KIND = re.compile(r"""["']?kind["']?\s*:\s*["']?nvidia\.com/gpu\b""")
+
+
+def cdi_gpus_available(dirs: tuple[Path, ...] | None = None) -> bool:
+    """True when a CDI spec declares kind nvidia.com/gpu (the NVIDIA container toolkit wrote one)."""
+    for directory in CDI_DIRS if dirs is None else dirs:
+        if not directory.is_dir():
+            continue
+        for spec in sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.json")):
+            try:
+                if _CDI_KIND.search(spec.read_text(errors="replace")):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+@dataclass(frozen=True)
+class ClusterFiles:
+    """Where a cluster's files are on this machine, and its network."""
+
+    base: Path  # mpi/, hosts, nsswitch.conf, home/, jobs/
+    sockets: Path  # the directory of its API socket
+    network: str
+
+
+def gpu_env(spec: ContainerSpec) -> dict[str, str]:
+    """The GPU variables of a container: its own devices, numbered 0..n-1 inside."""
+    host_ids = ",".join(str(g) for g in spec.gpu_ids)
+    # the container sees only its own devices, so CUDA numbers them 0..n-1 there
+    local = ",".join(str(i) for i in range(len(spec.gpu_ids)))
+    return {
+        "ELASTRAIN_VISIBLE_GPUS": host_ids,
+        "NVIDIA_VISIBLE_DEVICES": host_ids or "void",
+        "CUDA_VISIBLE_DEVICES": local,
+    }
+
+
+def run_args(
+    spec: ContainerSpec,
+    secret: str,
+    files: ClusterFiles,
+    container_name: str,
+    server_key: str,
+    gpu_device_dir: Path,
+) -> list[str]:
+    """The arguments of ``podman run`` for `spec` (the node daemon as its program)."""
+    home = f"/home/{spec.tenant or 'elastrain'}"
+    env = {
+        "ELASTRAIN_CLUSTER": spec.cluster,
+        "ELASTRAIN_CONTAINER": spec.name,
+        "ELASTRAIN_CONTAINER_ROLE": spec.role,
+        "ELASTRAIN_CONTAINER_ADDRESS": spec.address,
+        "ELASTRAIN_HOSTFILE": f"{MPI_DIR}/hostfile",
+        "ELASTRAIN_SHM_BYTES": str(spec.shm_bytes),
+        "ELASTRAIN_NODE_SECRET": secret,
+        "HOME": home,
+        "USER": spec.tenant or "elastrain",
+        **gpu_env(spec),
+        **spec.env,
+    }
+    base = files.base
+    args = [
+        "run", "--detach", "--init",
+        "--name", container_name,
+        "--hostname", spec.name,
+        "--network", files.network,
+        "--network-alias", spec.name,
+        "--label", f"elastrain.cluster={spec.cluster}",
+        "--label", f"elastrain.role={spec.role}",
+        "--label", f"elastrain.container={spec.name}",
+        "--label", f"elastrain.server={server_key}",
+        "--label", f"elastrain.cluster-uid={spec.cluster_uid}",
+        "--user", f"{spec.tenant_uid}:{spec.tenant_uid}",
+        "--cap-drop", "all",
+        "--security-opt", "no-new-privileges",
+        "--workdir", home,
+        "--volume", f"{base / 'mpi'}:{MPI_DIR}:ro",
+        "--volume", f"{base / 'hosts'}:/etc/hosts:ro",
+        "--volume", f"{base / 'nsswitch.conf'}:/etc/nsswitch.conf:ro",
+        "--volume", f"{files.sockets}:{API_SOCKET_DIR}:ro",
+        "--volume", f"{base / 'home'}:{home}",
+        *ulimit_args(),
+    ]  # fmt: skip
+    if spec.role == "launcher":
+        args += ["--volume", f"{base / 'jobs'}:{JOBS_DIR}"]
+    if spec.shm_bytes > 0:
+        args += ["--shm-size", f"{spec.shm_bytes}b"]
+    if spec.memory_bytes > 0:
+        args += ["--memory", f"{spec.memory_bytes}b"]
+    if spec.cpus > 0:
+        args += ["--cpus", f"{spec.cpus:g}"]
+    for mount in spec.mounts:
+        args += ["--volume", f"{mount.source}:{mount.target}"]
+    args += gpu_args(spec, gpu_device_dir)
+    for key, value in sorted(env.items()):
+        args += ["--env", f"{key}={value}"]
+    return [*args, spec.image, "python", "-m", "elastrain.agent.noded"]
+
+
+def gpu_args(spec: ContainerSpec, gpu_device_dir: Path) -> list[str]:
+    """Real GPUs through CDI where the NVIDIA toolkit wrote a spec (device nodes and the host
+    driver's libraries, by nvidia-smi index); otherwise the device nodes alone."""
+    if spec.real_gpus and spec.gpu_ids and cdi_gpus_available():
+        return [arg for gpu in spec.gpu_ids for arg in ("--device", f"{CDI_GPU_KIND}={gpu}")]
+    if spec.real_gpus and spec.gpu_ids:
+        log.warning(
+            "real GPUs but no %s CDI spec in %s: containers get device nodes without the NVIDIA "
+            "driver libraries; run `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`",
+            CDI_GPU_KIND,
+            " or ".join(map(str, CDI_DIRS)),
+        )
+    args = []
+    for gpu in spec.gpu_ids:
+        node = gpu_device_dir / f"nvidia{gpu}"
+        if node.exists():
+            args += ["--device", f"{node}:/dev/nvidia{gpu}"]
+    if spec.real_gpus:
+        for extra in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
+            if (gpu_device_dir / extra).exists():
+                args += ["--device", str(gpu_device_dir / extra)]
+    return args
