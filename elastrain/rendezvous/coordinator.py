@@ -124,8 +124,8 @@ class Coordinator:
         """The host list changed (hostfile rewritten, discovery output changed)."""
         with self._lock:
             new = hostfile.slots_by_host()
-            # listed by a newer host list while its agent is gone and nothing runs there: the platform
-            # replaced it (a failed container started anew under the same name), so it starts afresh
+            # listed by a newer host list while its agent is gone and nothing runs there: the host was
+            # replaced under the same name (a node or container started anew), so it starts afresh
             revived = {
                 h
                 for h in new
@@ -134,11 +134,6 @@ class Coordinator:
                 and not any(w.host == h and w.state in _LIVE for w in self.workers.values())
             }
             if new == self.hosts and not revived:
-                log.debug(
-                    "host list unchanged: agents %s, started %s, live %s",
-                    sorted(self.agents), sorted(self._agents_started),
-                    sorted(w.worker_id for w in self.workers.values() if w.state in _LIVE),
-                )  # fmt: skip
                 return
             back = f" (back: {', '.join(sorted(revived))})" if revived else ""
             log.info("hosts changed: %s -> %s%s", self.hosts, new, back)
@@ -437,7 +432,6 @@ class Coordinator:
             return
         self._agents_started.update(self.agents)
         # a host whose agent is gone and that left the host list starts afresh when it comes back
-        # (a failed container the platform replaced under the same name)
         self._agents_started.intersection_update(set(self.hosts) | set(self.agents))
         for host in self.hosts:
             if host not in self._agents_started:
