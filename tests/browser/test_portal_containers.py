@@ -135,7 +135,7 @@ def test_seed_flow_on_containers(
     page.goto(f"{server.url}/jobs/{job_id}")
     page.locator("#job-status").filter(has_text="Running").wait_for()
     wait_for(lambda: _world_size(page) == 4, 120, "world size 4 on the job page")
-    page.locator("#resize-list li").filter(has_text=re.compile(r"world size \d → 4")).wait_for()
+    page.locator("#resize-list li").filter(has_text=re.compile(r"world size \d → 4")).first.wait_for()
     assert "world size 2 →" in page.locator("#resize-list li").first.inner_text()
     page.locator("#chart-world canvas").wait_for()
     shot(page, "containers-job")
