@@ -57,6 +57,7 @@ document.addEventListener("DOMContentLoaded", () => {
   }
 
   function add(m) {
+    if (m.id <= lastMetric) return;  // two polls in flight may both fetch a row: count it once
     series.t.push(Date.parse(m.at) / 1000);
     series.loss.push(m.loss);
     series.sps.push(m.samples_per_s);
