@@ -17,6 +17,7 @@ lifecycle: networks, the cluster's files, starting, listing, adopting by label, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -408,5 +409,7 @@ class ContainerBackend(Backend):
         yield from (done.stdout + done.stderr).splitlines(keepends=True)
 
     def close(self) -> None:
-        """Close the API relays (containers keep running)."""
+        """Close the API relays (containers keep running; a restarted server opens them again)."""
         self.relays.close()
+        with contextlib.suppress(OSError):  # no cluster left: nothing of this server stays in /run
+            self.socket_root.rmdir()
