@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from elastrain.cli.table import format_table
 from elastrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -207,11 +208,6 @@ def _all_running(cluster: ClusterInfo) -> bool:
     )
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
-
-
 def _get(client: Client, args: argparse.Namespace) -> int:
     cluster = client.get_cluster(args.name)
     if args.output == "json":
@@ -236,7 +232,7 @@ def _get(client: Client, args: argparse.Namespace) -> int:
         rows.append(
             [c.name, c.role, c.address, gpus, c.state + (f": {c.reason}" if c.reason else ""), started]
         )
-    print(_table(rows))
+    print(format_table(rows))
     print(f"run training: elastrain cluster exec {cluster.name} -- {cluster.raw.get('launch_hint', '')}")
     return 0
 
@@ -257,7 +253,7 @@ def _list(client: Client, args: argparse.Namespace) -> int:
                 str(c.hostfile_generation),
             ]
         )
-    print(_table(rows) if clusters else "no clusters")
+    print(format_table(rows) if clusters else "no clusters")
     return 0
 
 

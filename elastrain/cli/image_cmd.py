@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from elastrain.cli.table import format_table
 from elastrain.errors import ConfigError
 
 
@@ -62,9 +63,7 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     table = [["NAME", "FRAMEWORKS", "SIZE", "CREATED"]]
     table += [[i.name, ",".join(i.frameworks), human_size(i.size_bytes), i.created] for i in images]
-    widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print(format_table(table))
     if not images:
         print("(no elastrain images: run `elastrain image build`)")
     return 0

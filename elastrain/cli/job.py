@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from elastrain.cli.table import format_table
 from elastrain.errors import ConfigError
 
 _TERMINAL = ("Succeeded", "Failed", "Cancelled")
@@ -116,9 +117,7 @@ def run_job_command(args: argparse.Namespace) -> int:
                     " ".join(job["command"])[:60],
                 ]
             )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for r in rows:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        print(format_table(rows))
         if not jobs:
             print("no jobs")
         return 0
