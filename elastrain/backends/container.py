@@ -42,7 +42,7 @@ from elastrain.backends.container_run import (
 )
 from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
-from elastrain.backends.podmanctl import PodmanError, exec_argv, podman, podman_json
+from elastrain.backends.podmanctl import exec_argv, podman, podman_json
 from elastrain.hostfile import atomic_write_text
 from elastrain.httpunix import unix_url
 
@@ -189,17 +189,6 @@ class ContainerBackend(Backend):
             )  # fmt: skip
         return secret_file.read_text().strip()
 
-    def _gateway(self, cluster: str) -> str | None:
-        try:
-            info = podman_json("network", "inspect", self.network_name(cluster), "--format", "json")
-        except PodmanError:
-            return None
-        for net in info if isinstance(info, list) else [info]:
-            for subnet in net.get("subnets") or []:
-                if subnet.get("gateway"):
-                    return str(subnet["gateway"])
-        return None
-
     def api_socket_dir(self, cluster: str) -> Path:
         """The directory holding the cluster's API socket (mounted at /run/elastrain in its containers)."""
         return self.socket_root / cluster
@@ -326,9 +315,6 @@ class ContainerBackend(Backend):
             self.container_name(s.name) for s in self.list_containers() if s.cluster == cluster and s.alive
         ]
         lines = [HOSTS_HEAD]
-        gateway = self._gateway(cluster)
-        if gateway:
-            lines.append(f"{gateway}\thost.containers.internal\n")
         network = self.network_name(cluster)
         for info in podman_json("inspect", "--format", "json", *names) if names else []:
             address = (

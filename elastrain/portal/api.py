@@ -15,11 +15,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from sqlalchemy import select
 
-from elastrain.db.models import ContainerRole, ContainerState, JobMetric, User
+from elastrain.db.models import ContainerState, JobMetric, User
 from elastrain.db.repository import find_cluster
 from elastrain.portal.terminal import TerminalRegistry, TerminalSession, TerminalTarget
 from elastrain.server.errors import Conflict, NotFound, Unauthorized
-from elastrain.server.jobs import JobService
+from elastrain.server.jobs import JobService, launcher_of
 from elastrain.server.reconciler import aware, container_spec
 from elastrain.server.services import Services
 
@@ -56,10 +56,10 @@ def terminal_target(services: Services, user: User, name: str) -> TerminalTarget
         cluster = find_cluster(session, user, name)
         if cluster is None:
             raise NotFound(f"cluster {name!r} not found")
-        launchers = [k for k in cluster.containers if k.role == ContainerRole.launcher]
-        if not launchers or launchers[0].state != ContainerState.Running:
+        launcher = launcher_of(cluster)
+        if launcher is None or launcher.state != ContainerState.Running:
             raise Conflict(f"the launcher container of {name!r} is not Running yet; wait and retry")
-        spec = container_spec(cluster, launchers[0], services.inventory.real)
+        spec = container_spec(cluster, launcher, services.inventory.real)
     backend = services.backend
     label = f"{spec.cluster}/{spec.name}"
     if not backend.translates_paths:  # a real container: a shell inside it, as the tenant

@@ -30,6 +30,7 @@ from elastrain.backends.api import Backend
 from elastrain.backends.procs import cmdline, pid_alive
 from elastrain.db.models import (
     Cluster,
+    Container,
     ContainerRole,
     ContainerState,
     Event,
@@ -53,6 +54,11 @@ _PROGRESS = re.compile(
     r"|generation \d+ formed: (?P<generation_world>\d+) workers"  # `elastrain run -v`
 )
 _FIELDS = ("step", "epoch", "loss", "samples_per_s", "world_size")
+
+
+def launcher_of(cluster: Cluster) -> Container | None:
+    """The cluster's launcher container row, if it has one."""
+    return next((k for k in cluster.containers if k.role == ContainerRole.launcher), None)
 
 
 def _log_path(job_id: int) -> str:
@@ -127,7 +133,7 @@ class JobService:
         with self.db.session() as session:
             cluster = self._cluster(session, user, name)
             check_owner(cluster, user)
-            launcher = next((k for k in cluster.containers if k.role == ContainerRole.launcher), None)
+            launcher = launcher_of(cluster)
             if launcher is None or launcher.state != ContainerState.Running:
                 raise Conflict(f"cluster {name!r} has no Running launcher yet; wait for it and retry")
             spec = container_spec(cluster, launcher, self.inventory.real)
@@ -190,7 +196,7 @@ class JobService:
             cluster = find_cluster(session, user, owner[1]) if user is not None else None
             if user is None or cluster is None:
                 raise NotFound(f"cluster {owner[1]!r} not found")
-            launcher = next((k for k in cluster.containers if k.role == ContainerRole.launcher), None)
+            launcher = launcher_of(cluster)
             if launcher is None:
                 raise Conflict(f"cluster {cluster.name!r} has no launcher container")
             pid = self.backend.own_pid(container_spec(cluster, launcher, self.inventory.real), req.pid)
@@ -248,9 +254,9 @@ class JobService:
             job, cluster = self._job(session, user, job_id)
             if job.status == JobStatus.Running and job.pid and self._alive(job):
                 row = session.get(Cluster, job.cluster_id)
-                launchers = [k for k in row.containers if k.role == ContainerRole.launcher] if row else []
-                if row is not None and launchers:
-                    spec = container_spec(row, launchers[0], self.inventory.real)
+                launcher = launcher_of(row) if row is not None else None
+                if row is not None and launcher is not None:
+                    spec = container_spec(row, launcher, self.inventory.real)
                     self.backend.stop_processes(
                         spec, "ELASTRAIN_JOB_ID", str(job.id), job.pid, signal.SIGTERM
                     )
