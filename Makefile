@@ -28,9 +28,9 @@ demo-portal: install
 # Installed as root when missing; without them the container tests skip and the server falls back to
 # the process backend.
 container-deps:
-	@{ command -v podman && command -v runc && command -v mmdebstrap; } >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	@{ command -v podman && command -v runc && command -v mmdebstrap && command -v ssh-keygen; } >/dev/null || { [ "$$(id -u)" = 0 ] && \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-	  podman runc mmdebstrap netavark aardvark-dns catatonit conmon fuse-overlayfs uidmap; } || \
+	  podman runc mmdebstrap netavark aardvark-dns catatonit conmon fuse-overlayfs uidmap openssh-client; } || \
 	  echo "no podman/runc/mmdebstrap: container tests skip"
 
 # the OCI image jobs run in (offline: Debian bookworm rootfs + torch CPU venv + elastrain; cached)

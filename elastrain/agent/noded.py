@@ -30,6 +30,8 @@ import sys
 import threading
 from typing import Any
 
+from elastrain.agent.services import Supervisor, container_services
+
 NODE_PORT = 29600
 SECRET_ENV = "ELASTRAIN_NODE_SECRET"
 # set per container by the backend; a job's environment never overrides them
@@ -75,13 +77,16 @@ def _read_line(stream: Any) -> dict[str, Any] | None:
 class NodeDaemon:
     """Accepts agent requests authenticated by the cluster secret and supervises the agents."""
 
-    def __init__(self, secret: str, host: str = "0.0.0.0", port: int = NODE_PORT) -> None:
+    def __init__(
+        self, secret: str, host: str = "0.0.0.0", port: int = NODE_PORT, supervisor: Supervisor | None = None
+    ) -> None:
         if not secret:
             raise SystemExit(f"elastrain noded: {SECRET_ENV} is not set; the container backend sets it")
         self.secret = secret.encode()
         self.server = socket.create_server((host, port), reuse_port=False, backlog=64)
         self.agents: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
+        self.supervisor = supervisor
 
     @property
     def port(self) -> int:
@@ -185,6 +190,8 @@ class NodeDaemon:
                 proc.wait(timeout=8)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if self.supervisor is not None:
+            self.supervisor.stop()
         raise SystemExit(0)
 
 
@@ -194,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=NODE_PORT)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="elastrain noded: %(message)s")
-    daemon = NodeDaemon(os.environ.get(SECRET_ENV, ""), port=args.port)
+    supervisor = Supervisor(container_services(os.environ))
+    daemon = NodeDaemon(os.environ.get(SECRET_ENV, ""), port=args.port, supervisor=supervisor)
+    supervisor.start()
     signal.signal(signal.SIGTERM, daemon.stop)
     signal.signal(signal.SIGINT, daemon.stop)
     print(

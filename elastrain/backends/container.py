@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, ImageEntry
+from elastrain.backends.cluster_keys import ensure_cluster_keys
 from elastrain.backends.container_run import (
     API_SOCKET_DIR,
     GPU_DEVICE_DIR_ENV,
@@ -156,6 +157,7 @@ class ContainerBackend(Backend):
         base = self.cluster_dir(spec.cluster)
         for sub in ("mpi", "home", "jobs"):
             (base / sub).mkdir(parents=True, exist_ok=True)
+        ensure_cluster_keys(base / "keys", spec.cluster, spec.tenant_uid)
         hostfile = base / "mpi" / "hostfile"
         if not hostfile.exists():
             atomic_write_text(hostfile, "# generation: 0\n")

@@ -4,8 +4,9 @@ What a container gets (see `elastrain.backends.container` for the lifecycle): th
 ``<cluster>-launcher`` / ``<cluster>-worker-<i>`` on the cluster's network, labels ``elastrain.cluster``,
 ``elastrain.role``, ``elastrain.container`` and ``elastrain.server``, ``--shm-size``,
 ``--memory``/``--cpus`` where given, the tenant's unprivileged uid with no capabilities, the cluster's
-``/etc/mpi`` (read-only), ``/etc/hosts`` and ``/etc/nsswitch.conf`` (names from files only), the API
-socket directory, the tenant's home, its own GPU devices, and the node daemon as its program.
+``/etc/mpi`` (read-only), ``/etc/hosts`` and ``/etc/nsswitch.conf`` (names from files only), the
+cluster's keys (read-only; sshd on port 22), the API socket directory, the tenant's home, its own GPU
+devices, and the node daemon as its program.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from elastrain.backends.podmanctl import ulimit_args
 
 log = logging.getLogger("elastrain.container")
 MPI_DIR, JOBS_DIR = "/etc/mpi", "/var/log/jobs"
+KEYS_DIR = "/etc/elastrain/keys"  # the cluster's ssh and munge keys (`elastrain.backends.cluster_keys`)
 API_SOCKET_DIR = "/run/elastrain"  # in the containers: api.sock, relayed to the server's API
+SLURM_CONF = "/tmp/elastrain-slurm/slurm.conf"  # = elastrain.agent.slurm_conf.SLURM_CONF_PATH
 GPU_DEVICE_DIR_ENV = "ELASTRAIN_GPU_DEVICE_DIR"  # where /dev/nvidiaN nodes are (tests use fake ones)
 HOSTS_HEAD = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 # host names come from /etc/hosts alone (kept by `_refresh_hosts`): a lookup never waits for DNS, which
@@ -77,7 +80,8 @@ def run_args(
     gpu_device_dir: Path,
 ) -> list[str]:
     """The arguments of ``podman run`` for `spec` (the node daemon as its program)."""
-    home = f"/home/{spec.tenant or 'elastrain'}"
+    user = spec.tenant or "elastrain"
+    home = f"/home/{user}"
     env = {
         "ELASTRAIN_CLUSTER": spec.cluster,
         "ELASTRAIN_CONTAINER": spec.name,
@@ -87,10 +91,14 @@ def run_args(
         "ELASTRAIN_SHM_BYTES": str(spec.shm_bytes),
         "ELASTRAIN_NODE_SECRET": secret,
         "HOME": home,
-        "USER": spec.tenant or "elastrain",
+        "USER": user,
+        "ELASTRAIN_FRAMEWORK": spec.framework,
+        "PDSH_RCMD_TYPE": "ssh",
         **gpu_env(spec),
         **spec.env,
     }
+    if spec.framework == "slurm":  # the config every container renders (`elastrain.agent.slurm_conf`)
+        env["SLURM_CONF"] = SLURM_CONF
     base = files.base
     args = [
         "run", "--detach", "--init",
@@ -104,12 +112,17 @@ def run_args(
         "--label", f"elastrain.server={server_key}",
         "--label", f"elastrain.cluster-uid={spec.cluster_uid}",
         "--user", f"{spec.tenant_uid}:{spec.tenant_uid}",
+        # a passwd entry for the tenant (sshd, ssh and Slurm look the user up by name)
+        "--passwd-entry", f"{user}:*:{spec.tenant_uid}:{spec.tenant_uid}:{user}:{home}:/bin/bash",
+        # sshd runs as the tenant, with no capabilities, on port 22 of the container's own network
+        "--sysctl", "net.ipv4.ip_unprivileged_port_start=22",
         "--cap-drop", "all",
         "--security-opt", "no-new-privileges",
         "--workdir", home,
         "--volume", f"{base / 'mpi'}:{MPI_DIR}:ro",
         "--volume", f"{base / 'hosts'}:/etc/hosts:ro",
         "--volume", f"{base / 'nsswitch.conf'}:/etc/nsswitch.conf:ro",
+        "--volume", f"{base / 'keys'}:{KEYS_DIR}:ro",
         "--volume", f"{files.sockets}:{API_SOCKET_DIR}:ro",
         "--volume", f"{base / 'home'}:{home}",
         *ulimit_args(),

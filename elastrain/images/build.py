@@ -3,8 +3,13 @@
 1. base ``localhost/elastrain-base:<basekey>``: a Debian rootfs (mmdebstrap, itself cached as
    ``localhost/elastrain-rootfs:<rootfskey>``) plus a venv holding torch and the other third-party
    packages, installed from wheels downloaded on the host; skipped, download included, when it exists;
-2. final ``<repo>:<key>`` (also tagged ``:latest``): the base plus elastrain's own wheel and the
-   examples; `key` covers the base key and a hash of the sources, so a code edit rebuilds only this.
+2. for a framework with packages of its own (DeepSpeed): a layer ``localhost/elastrain-layer-<fw>:<key>``
+   over the base with those packages (sdists built into wheels on the host), cached the same way;
+3. final ``<repo>:<key>`` (also tagged ``:latest``): the base (or layer) plus elastrain's own wheel, the
+   recipe's compat wheels and the examples; `key` covers the layer/base key and a hash of the sources,
+   so a code edit rebuilds only this.
+
+Every framework image shares the rootfs and the base: a second framework costs its layer and final.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ from elastrain.images.recipe import (
     BASE_REPO,
     DEB_PACKAGES,
     DPKG_OPTIONS,
+    LAYER_REPO,
     RECIPE_VERSION,
     ROOTFS_REPO,
     SUITE,
     VARIANT,
     FrameworkRecipe,
     cache_dir,
+    extra_requirements,
     package_version,
     read_constraints,
     recipe_for,
@@ -131,8 +138,43 @@ def _ensure_base(
         "elastrain.wheels": keys.digest(names),
     }
     text = containerfile.base_containerfile(rootfs_ref, labels)
+    containerfile.write_base_files(context)
     with _step(progress, f"base: venv with {len(names)} wheels -> {base_ref}"):
         containerfile.podman_build(context, text, [base_ref], cache / "logs" / "base-build.log")
+    shutil.rmtree(context, ignore_errors=True)
+
+
+def _ensure_layer(
+    layer_ref: str,
+    base_ref: str,
+    recipe: FrameworkRecipe,
+    reqs: list[str],
+    constraints: str,
+    cache: Path,
+    progress: Progress,
+) -> None:
+    if image_exists(layer_ref):
+        progress(f"  layer {layer_ref} cached")
+        return
+    base_labels, _ = image_labels_and_size(base_ref)
+    python = base_labels.get("elastrain.python", "")
+    context = _fresh_dir(cache / f"layer-{layer_ref.rsplit(':', 1)[1]}")
+    with _step(progress, f"wheels: pip wheel {', '.join(reqs)} (the {recipe.framework} layer)"):
+        names = wheels.framework_wheels(
+            reqs, constraints, context / "wheels", ".".join(python.split(".")[:2])
+        )
+    labels = {
+        "elastrain.layer": f"layer-{recipe.framework}",
+        "elastrain.base.key": base_labels.get("elastrain.base.key", ""),
+        "elastrain.python": python,
+        "elastrain.torch": base_labels.get("elastrain.torch", ""),
+        "elastrain.wheels": keys.digest(names),
+    }
+    text = containerfile.layer_containerfile(base_ref, labels)
+    with _step(progress, f"layer: {recipe.framework} packages -> {layer_ref}"):
+        containerfile.podman_build(
+            context, text, [layer_ref], cache / "logs" / f"layer-{recipe.framework}.log"
+        )
     shutil.rmtree(context, ignore_errors=True)
 
 
@@ -151,6 +193,9 @@ def _build_final(
     with _step(progress, "wheel: elastrain (pip wheel of the staged sources)"):
         wheels.stage_sources(root, files, stage)
         wheel = wheels.build_elastrain_wheel(stage, context / "dist")
+        dist = [wheel.name]
+        for compat in recipe.compat:
+            dist.append(wheels.build_local_wheel(stage / compat, context / "dist").name)
         wheels.copy_examples(root, files, context / "examples")
     labels = {
         "elastrain.image": "true",
@@ -162,7 +207,7 @@ def _build_final(
         "elastrain.python": base_labels.get("elastrain.python", ""),
         "elastrain.torch": base_labels.get("elastrain.torch", ""),
     }
-    text = containerfile.final_containerfile(base_ref, wheel.name, labels)
+    text = containerfile.final_containerfile(base_ref, dist, labels)
     tags = [f"{recipe.repo}:{key}", f"{recipe.repo}:latest"]
     with _step(progress, f"final: elastrain {labels['elastrain.version']} + examples -> {tags[0]}"):
         containerfile.podman_build(context, text, tags, cache / "logs" / "final-build.log")
@@ -198,11 +243,14 @@ def build_image(
     (cache / "logs").mkdir(parents=True, exist_ok=True)
     with _locked(cache / ".lock"):
         constraints = read_constraints(root)
-        reqs = requirements(root, recipe)
+        reqs = requirements(root)
+        layer_reqs = extra_requirements(root, recipe.layer_extras)
         rootfs_key = keys.rootfs_key(SUITE, VARIANT, DEB_PACKAGES, DPKG_OPTIONS)
-        base_key = keys.base_key(RECIPE_VERSION, rootfs_key, constraints, reqs)
+        version = RECIPE_VERSION + keys.digest([containerfile.SSH_CLIENT_CONFIG])
+        base_key = keys.base_key(version, rootfs_key, constraints, reqs)
+        under_key = keys.layer_key(base_key, recipe.framework, layer_reqs) if layer_reqs else base_key
         files = keys.source_files(root)
-        key = keys.final_key(base_key, keys.source_hash(root, files), recipe.framework)
+        key = keys.final_key(under_key, keys.source_hash(root, files), recipe.framework)
         name = f"{recipe.repo}:{key}"
         cached = image_exists(name)
         if cached:
@@ -211,6 +259,10 @@ def build_image(
         else:
             base_ref = f"{BASE_REPO}:{base_key}"
             _ensure_base(base_ref, f"{ROOTFS_REPO}:{rootfs_key}", reqs, constraints, cache, progress)
+            if layer_reqs:
+                layer_ref = f"{LAYER_REPO}-{recipe.framework}:{under_key}"
+                _ensure_layer(layer_ref, base_ref, recipe, layer_reqs, constraints, cache, progress)
+                base_ref = layer_ref
             _build_final(recipe, root, files, base_ref, key, cache, progress)
             _prune_older(recipe.repo, key, progress)
         _, size = image_labels_and_size(name)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 KEY_LEN = 12
 # What `source_files` collects: the package, the metadata setuptools reads, the examples.
-SOURCE_ROOTS: tuple[str, ...] = ("elastrain", "examples", "pyproject.toml", "README.md")
+# compat/: the shim distributions some images hold (e.g. compat/horovod)
+SOURCE_ROOTS: tuple[str, ...] = ("elastrain", "examples", "compat", "pyproject.toml", "README.md")
 _SKIP_DIRS = frozenset({"__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "build"})
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
@@ -50,6 +51,11 @@ def base_key(
     return digest(
         ["base", recipe_version, rootfs, constraints, "--", *sorted(requirements), "--", *sorted(wheel_names)]
     )
+
+
+def layer_key(base: str, framework: str, requirements: Sequence[str]) -> str:
+    """Key of a framework layer: its base and the framework's requirement list."""
+    return digest(["layer", framework, base, "--", *sorted(requirements)])
 
 
 def final_key(base: str, source: str, framework: str) -> str:

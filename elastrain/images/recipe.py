@@ -21,11 +21,25 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 # Bump when the way the base or final image is assembled changes (it is part of every cache key).
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 
 SUITE = "bookworm"
 VARIANT = "minbase"
-DEB_PACKAGES: tuple[str, ...] = ("python3", "python3-venv", "procps", "iproute2", "ca-certificates", "less")
+# One rootfs for every framework image (the frameworks' own Debian packages add ~20 MB): sshd, ssh and
+# pdsh for DeepSpeed's multi-node launcher and "connect by SSH"; slurm-wlm and munge for the Slurm image.
+DEB_PACKAGES: tuple[str, ...] = (
+    "python3",
+    "python3-venv",
+    "procps",
+    "iproute2",
+    "ca-certificates",
+    "less",
+    "openssh-server",
+    "openssh-client",
+    "pdsh",
+    "slurm-wlm",
+    "munge",
+)
 # Documentation and translations are of no use in a training image; copyright files stay.
 DPKG_OPTIONS: tuple[str, ...] = (
     "path-exclude=/usr/share/man/*",
@@ -41,28 +55,43 @@ VENV = "/opt/elastrain/venv"
 EXAMPLES_DIR = "/opt/elastrain/examples"
 ROOTFS_REPO = "localhost/elastrain-rootfs"
 BASE_REPO = "localhost/elastrain-base"
+LAYER_REPO = "localhost/elastrain-layer"  # + "-<framework>"
 
 
 @dataclass(frozen=True)
 class FrameworkRecipe:
-    """One buildable image: its repository name, the frameworks it really holds, the extras it installs."""
+    """One buildable image: its repository, the frameworks it really holds, what it adds to the base.
+
+    Every image shares the rootfs and the base venv (torch and elastrain's dependencies); a framework
+    with `layer_extras` gets a layer of its own over the base (the pyproject extras' packages, e.g. the
+    real ``deepspeed``); `compat` are directories of the source tree built as wheels into the final
+    layer (e.g. ``compat/horovod``: elastrain's implementation of the Horovod API as ``horovod``).
+    """
 
     framework: str
     repo: str
     frameworks: tuple[str, ...]
-    extras: tuple[str, ...]
+    layer_extras: tuple[str, ...] = ()
+    compat: tuple[str, ...] = ()
 
+
+# the elastrain extras every image's base venv holds (server: the client commands in the terminal)
+BASE_EXTRAS: tuple[str, ...] = ("examples", "server")
 
 RECIPES: dict[str, FrameworkRecipe] = {
-    "pytorch": FrameworkRecipe(
-        framework="pytorch",
-        repo="localhost/elastrain-pytorch",
-        frameworks=("pytorch",),  # torch => torchrun; nothing else is installed
-        extras=("examples", "server"),  # server: the client commands (httpx) in the terminal too
+    "pytorch": FrameworkRecipe("pytorch", "localhost/elastrain-pytorch", ("pytorch",)),
+    "horovod": FrameworkRecipe(
+        "horovod", "localhost/elastrain-horovod", ("horovod", "pytorch"), compat=("compat/horovod",)
     ),
+    "deepspeed": FrameworkRecipe(
+        "deepspeed", "localhost/elastrain-deepspeed", ("deepspeed", "pytorch"), layer_extras=("deepspeed",)
+    ),
+    "slurm": FrameworkRecipe("slurm", "localhost/elastrain-slurm", ("slurm", "pytorch")),
 }
-# Frameworks other parts of elastrain know of, whose images cannot be built yet.
-PLANNED_FRAMEWORKS: tuple[str, ...] = ("horovod", "deepspeed", "megatron", "slurm")
+# Frameworks other parts of elastrain know of, whose images cannot be built (the reason is shown).
+UNAVAILABLE_FRAMEWORKS: dict[str, str] = {
+    "megatron": "megatron-core's parallel layers need CUDA (see the README's Megatron-LM section)",
+}
 
 
 def recipe_for(framework: str) -> FrameworkRecipe:
@@ -70,8 +99,10 @@ def recipe_for(framework: str) -> FrameworkRecipe:
     recipe = RECIPES.get(framework)
     if recipe is None:
         can = ", ".join(sorted(RECIPES))
-        later = f" ({', '.join(PLANNED_FRAMEWORKS)} images are not available yet)"
-        raise ConfigError(f"cannot build an image for framework {framework!r}; can build: {can}{later}")
+        why = UNAVAILABLE_FRAMEWORKS.get(framework)
+        if why:
+            raise ConfigError(f"cannot build an image for framework {framework!r}: {why}; can build: {can}")
+        raise ConfigError(f"unknown framework {framework!r}; can build: {can}")
     return recipe
 
 
@@ -120,15 +151,22 @@ def pinned_version(constraints: str, package: str) -> str:
     return match.group(1)
 
 
-def requirements(repo_root: Path, recipe: FrameworkRecipe) -> list[str]:
-    """The third-party requirements of the image: the package's dependencies, its extras, the pins."""
-    project = read_pyproject(repo_root).get("project", {})
-    reqs: list[str] = list(project.get("dependencies", []))
-    optional = project.get("optional-dependencies", {})
-    for extra in recipe.extras:
+def extra_requirements(repo_root: Path, extras: tuple[str, ...]) -> list[str]:
+    """The requirements of pyproject.toml's optional-dependencies `extras`."""
+    optional = read_pyproject(repo_root).get("project", {}).get("optional-dependencies", {})
+    reqs: list[str] = []
+    for extra in extras:
         if extra not in optional:
             raise ConfigError(f"pyproject.toml has no optional-dependencies extra {extra!r}")
         reqs += optional[extra]
+    return reqs
+
+
+def requirements(repo_root: Path) -> list[str]:
+    """The third-party requirements of the shared base: the package's dependencies, its extras, torch."""
+    project = read_pyproject(repo_root).get("project", {})
+    reqs: list[str] = list(project.get("dependencies", []))
+    reqs += extra_requirements(repo_root, BASE_EXTRAS)
     reqs.append(f"torch=={pinned_version(read_constraints(repo_root), 'torch')}")
     return reqs
 

@@ -55,6 +55,55 @@ def download_dependencies(
     return names
 
 
+def framework_wheels(
+    requirements: Sequence[str], constraints: str, dest: Path, python: str, timeout: float = 900.0
+) -> list[str]:
+    """Wheels of a framework layer's `requirements` into `dest`, sdists built into wheels here.
+
+    ``pip wheel`` builds for the host's Python, so the host's ``X.Y`` must be the image's `python`.
+    `dest` also receives ``requirements.txt`` and ``constraints.txt``; returns the wheel file names.
+    """
+    host = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if host != python:
+        raise ConfigError(
+            f"the framework's packages are built as wheels for this Python ({host}), but the image has "
+            f"Python {python}; build the image with a Python {python} venv"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
+    (dest / "constraints.txt").write_text(constraints)
+    _pip(
+        [
+            "wheel",
+            "--quiet",
+            "-w",
+            str(dest),
+            "-c",
+            str(dest / "constraints.txt"),
+            "-r",
+            str(dest / "requirements.txt"),
+        ],
+        "wheel (framework packages)",
+        timeout,
+    )
+    return sorted(p.name for p in dest.glob("*.whl"))
+
+
+def build_local_wheel(source: Path, dist: Path, timeout: float = 300.0) -> Path:
+    """``pip wheel --no-deps --no-build-isolation`` a directory of the source tree into `dist`."""
+    before = set(dist.glob("*.whl")) if dist.exists() else set()
+    dist.mkdir(parents=True, exist_ok=True)
+    _pip(
+        ["wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(dist), str(source)],
+        "wheel",
+        timeout,
+    )
+    made = sorted(set(dist.glob("*.whl")) - before)
+    if len(made) != 1:
+        raise ConfigError(f"building a wheel of {source} left {len(made)} new wheels in {dist}")
+    return made[0]
+
+
 def stage_sources(repo_root: Path, files: Sequence[str], stage: Path) -> None:
     """Copy the package sources (`files` minus the examples) to `stage`, a fresh directory."""
     if stage.exists():

@@ -57,13 +57,17 @@ from elastrain.server.validation import (
 )
 
 EXEC_ID_ENV = "ELASTRAIN_EXEC_ID"  # marks the processes of one exec call, so they can be stopped
-_RUN = "elastrain run --hostfile /etc/mpi/hostfile"
+_HOSTFILE = "--hostfile /etc/mpi/hostfile"
+_EXAMPLES = "/opt/elastrain/examples"
+# the command a user of each framework types in the launcher (the framework's own launcher, for real)
 LAUNCH_HINTS = {
-    Framework.horovod: f"{_RUN} -np N python train.py   # horovodrun flags; --min-np/--max-np to resize",
-    Framework.deepspeed: f"{_RUN} --min-np 1 --max-np N python train.py   # DeepSpeed hostfile format",
-    Framework.megatron: f"{_RUN} --min-np 1 --max-np N python pretrain.py",
-    Framework.pytorch: f"{_RUN} --nproc-per-node 1 python train.py   # torchrun-style env vars",
-    Framework.slurm: f"{_RUN} -np N python train.py   # hosts as a Slurm nodelist would give them",
+    Framework.horovod: f"horovodrun -np 2 {_HOSTFILE} python {_EXAMPLES}/horovod_mnist_elastic.py",
+    Framework.deepspeed: (
+        f"deepspeed {_HOSTFILE} {_EXAMPLES}/deepspeed_train.py --deepspeed_config {_EXAMPLES}/ds_zero2.json"
+    ),
+    Framework.megatron: "(Megatron-LM needs CUDA GPUs: see the README's Megatron-LM section)",
+    Framework.pytorch: f"elastrain run {_HOSTFILE} python {_EXAMPLES}/mnist_elastic.py   # or torchrun",
+    Framework.slurm: "sinfo; sbatch -N 2 job.sh   # or: salloc -N 2 elastrain run --slurm python train.py",
 }
 
 

@@ -23,13 +23,19 @@ def need_podman() -> None:
         pytest.skip("mmdebstrap is missing: images cannot be built (apt-get install mmdebstrap)")
 
 
-@pytest.fixture(scope="session")
-def image() -> str:
-    """The pytorch image, built once per session (a no-op when its inputs did not change)."""
+def framework_image(framework: str) -> str:
+    """The image of `framework`, built when its inputs changed (a no-op otherwise; the rootfs and the
+    base venv are shared by every framework's image)."""
     need_podman()
     from elastrain.images.build import build_image
 
-    return build_image("pytorch", progress=lambda line: None).name
+    return build_image(framework, progress=lambda line: None).name
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """The pytorch image, built once per session (a no-op when its inputs did not change)."""
+    return framework_image("pytorch")
 
 
 def server_containers(key: str) -> list[str]:

@@ -111,18 +111,21 @@ def test_requirements_take_the_torch_pin_from_constraints(tmp_path: Path) -> Non
         '[project.optional-dependencies]\nexamples = ["scipy>=1.10"]\n'
     )
     (root / "constraints.txt").write_text("# pin\ntorch==9.8.7\n")
-    pytorch = recipe.FrameworkRecipe("pytorch", "localhost/x", ("pytorch",), extras=("examples",))
-    reqs = recipe.requirements(root, pytorch)
-    assert reqs == ["torch>=2", "numpy", "scipy>=1.10", "torch==9.8.7"]
+    (root / "pyproject.toml").write_text(
+        (root / "pyproject.toml").read_text() + 'server = ["httpx"]\ndeepspeed = ["deepspeed>=0.16"]\n'
+    )
+    reqs = recipe.requirements(root)
+    assert reqs == ["torch>=2", "numpy", "scipy>=1.10", "httpx", "torch==9.8.7"]
+    assert recipe.extra_requirements(root, ("deepspeed",)) == ["deepspeed>=0.16"]
     with pytest.raises(ConfigError, match="no optional-dependencies extra 'gpu'"):
-        recipe.requirements(root, recipe.FrameworkRecipe("pytorch", "localhost/x", ("pytorch",), ("gpu",)))
+        recipe.extra_requirements(root, ("gpu",))
     (root / "constraints.txt").write_text("numpy<3\n")
     with pytest.raises(ConfigError, match="pins no torch"):
-        recipe.requirements(root, pytorch)
+        recipe.requirements(root)
 
 
 def test_this_repos_requirements_hold_torch_pin_and_examples() -> None:
-    reqs = recipe.requirements(REPO, recipe.RECIPES["pytorch"])
+    reqs = recipe.requirements(REPO)
     pin = recipe.pinned_version(recipe.read_constraints(REPO), "torch")
     assert f"torch=={pin}" in reqs
     assert any(r.startswith("mnist1d") for r in reqs)
@@ -133,17 +136,17 @@ def test_build_refuses_frameworks_it_cannot_build_yet(monkeypatch: pytest.Monkey
         raise AssertionError("podman must not run for a refused framework")
 
     monkeypatch.setattr(build, "podman", no_podman)
-    for name in ("horovod", "deepspeed", "megatron", "slurm", "tensorflow"):
-        with pytest.raises(ConfigError, match=r"can build: pytorch") as info:
+    for name in ("megatron", "tensorflow"):
+        with pytest.raises(ConfigError, match=r"can build: deepspeed, horovod, pytorch, slurm") as info:
             build.build_image(name, progress=lambda _line: None)
         assert repr(name) in str(info.value)
 
 
 def test_cli_image_build_refusal_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["image", "build", "--framework", "horovod"]) == 2
+    assert main(["image", "build", "--framework", "megatron"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
-    assert "can build: pytorch" in err
+    assert "can build: deepspeed, horovod, pytorch, slurm" in err
 
 
 def test_missing_mmdebstrap_names_the_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -255,4 +258,6 @@ def test_default_image_for_is_the_newest_latest(fake_podman: list[tuple[str, ...
 
 
 def test_framework_images_names_the_repo_build_makes() -> None:
-    assert catalog.FRAMEWORK_IMAGES == {"pytorch": "localhost/elastrain-pytorch"}
+    assert catalog.FRAMEWORK_IMAGES == {
+        name: f"localhost/elastrain-{name}" for name in ("pytorch", "horovod", "deepspeed", "slurm")
+    }
