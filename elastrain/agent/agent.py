@@ -51,6 +51,7 @@ class Agent:
         self.config = config
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.tails: dict[str, deque[str]] = {}
+        self._pumps: dict[str, threading.Thread] = {}
         self.slots: dict[str, threading.Thread] = {}
         self._spawner = Spawner()
         self._lock = threading.Lock()
@@ -106,6 +107,7 @@ class Agent:
             local_rank,
             lambda env: self._start_process(worker_id, local_rank, env),
             self.config.max_restarts,
+            output_tail=lambda: self._output_tail(worker_id),
         )
         with self._lock:
             self.slots[worker_id] = slot
@@ -145,10 +147,19 @@ class Agent:
             self.procs[worker_id] = proc
             self.tails[worker_id] = deque(maxlen=40)
         if proc.stdout is not None:
-            threading.Thread(target=self._pump, args=(worker_id, proc.stdout), daemon=True).start()
+            pump = threading.Thread(target=self._pump, args=(worker_id, proc.stdout), daemon=True)
+            self._pumps[worker_id] = pump
+            pump.start()
         if self.config.restart_mode:
             threading.Thread(target=self._forget_when_done, args=(worker_id, proc), daemon=True).start()
         return proc
+
+    def _output_tail(self, worker_id: str) -> list[str]:
+        """The last output lines of `worker_id`'s process, once its pipe is drained (bounded wait)."""
+        pump = self._pumps.get(worker_id)
+        if pump is not None:
+            pump.join(timeout=2.0)
+        return list(self.tails.get(worker_id, ()))
 
     def _forget_when_done(self, worker_id: str, proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
@@ -223,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-restarts", type=int, default=3, help="restart-mode failures tolerated per slot"
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
-    args = parser.parse_args(argv)
-    command = resolve_python(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command (after --)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)  # nothing after -- is read as an option
+    args = parser.parse_args(argv[:split])
+    command = resolve_python(argv[split + 1 :] or args.command)
     if not command:
         parser.error("give the training command after --")
     logging.basicConfig(level=logging.WARNING, format="elastrain-agent: %(message)s")

@@ -3,8 +3,27 @@
 The script reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT and resumes from its own
 checkpoints. For each slot the agent runs a `RestartSlot`: it joins generations on the script's
 behalf, starts the script with that generation's environment, and stops it (SIGTERM, then SIGKILL)
-when the next generation is announced. A script that fails is restarted (the others restart with
-it) up to `max_restarts` times, as torchrun does; then the job fails.
+when the next generation is announced.
+
+How the script's exit is read (torchrun's semantics):
+
+* **Exit 0: this rank has finished.** It is not restarted and its slot is not refilled (the
+  coordinator spawns no worker once one is done). The job succeeds (`elastrain run` exits 0) when
+  every rank of the current generation has exited 0: ``elastrain run -np 1 python -c "print('hi')"``
+  prints ``hi`` once. Ranks still running go on undisturbed. A rank that exits 0 on its own while a
+  resize is being announced has finished too; a script that elastrain itself stopped for a resize
+  has not, whatever its exit code: it runs again in the next generation.
+* **Exit non-zero, or killed by a signal: a failure.** The slot asks for a new generation, so every
+  rank restarts (as torchrun restarts its whole worker group). Each slot tolerates `max_restarts`
+  failures (``--max-restarts``); the next one ends the job: `elastrain run` exits 1 with one line
+  naming the rank, its host, its exit code and the last line of its output, e.g.
+  ``elastrain: job failed after 3 restarts: rank 0 on 127.0.0.2 exited 1: ZeroDivisionError: ...``.
+* **A membership change is not a failure** (hosts added or removed, a worker or host lost): the
+  scripts restart in the next generation without counting.
+* Once a rank has finished, no worker is started any more. A failure or a resize that then needs the
+  ranks still running restarted re-forms the generation without the finished ranks when at least
+  ``--min-np`` remain (torchrun would rerun the finished ones too); otherwise (a fixed size, ``-np N``)
+  `elastrain run` ends the job at once, exit 1, saying so.
 """
 
 from __future__ import annotations
@@ -15,7 +34,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from elastrain.rendezvous.api import Generation, JoinOutcome
 from elastrain.rendezvous.client import CoordinatorRendezvous
@@ -31,8 +50,13 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def generation_env(generation: Generation, worker_id: str, local_rank: int) -> dict[str, str]:
-    """The torchrun-compatible environment of one rank of `generation`."""
+FAILED_AFTER = "job failed after"  # how the one-line failure of a restart-mode job begins
+
+
+def generation_env(
+    generation: Generation, worker_id: str, local_rank: int, run_id: str = "elastrain"
+) -> dict[str, str]:
+    """The torchrun-compatible environment of one rank of `generation` (`run_id`: ``--rdzv-id``)."""
     rank = generation.rank_of(worker_id)
     master = generation.members[0]
     me = generation.members[rank]
@@ -46,7 +70,7 @@ def generation_env(generation: Generation, worker_id: str, local_rank: int) -> d
         "MASTER_ADDR": master.address or master.host,
         "MASTER_PORT": str(master.port),
         "TORCHELASTIC_RESTART_COUNT": str(generation.number),
-        "TORCHELASTIC_RUN_ID": "elastrain",
+        "TORCHELASTIC_RUN_ID": run_id,
     }
 
 
@@ -61,6 +85,7 @@ class RestartSlot(threading.Thread):
         spawn: Callable[[dict[str, str]], subprocess.Popen[bytes]],
         max_restarts: int,
         stop_grace_s: float = 10.0,
+        output_tail: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         super().__init__(name=f"elastrain-restart-{rendezvous.worker_id}", daemon=True)
         self.rdzv = rendezvous
@@ -72,27 +97,44 @@ class RestartSlot(threading.Thread):
         self.proc: subprocess.Popen[bytes] | None = None
         self.failures = 0
         self.exit_code: int | None = None
+        self._output_tail = output_tail  # the script's last output lines (after it exited)
+        self._run_id = os.environ.get("ELASTRAIN_RDZV_ID") or "elastrain"
 
     def run(self) -> None:
         while True:
             result = self.rdzv.join(-1, port=free_port(self.host))
             if result.outcome != JoinOutcome.ADMITTED or result.generation is None:
                 break
-            env = generation_env(result.generation, self.rdzv.worker_id, self.local_rank)
+            env = generation_env(result.generation, self.rdzv.worker_id, self.local_rank, self._run_id)
             self.proc = self._spawn(env)
             code = self._wait_for_exit_or_change(self.proc)
             if code is None:
                 continue  # stopped for the next generation
             if code == 0:
-                self.rdzv.report_done()
+                self.rdzv.report_done()  # finished: never restarted
                 self.exit_code = 0
                 break
             self.failures += 1
             if self.failures > self.max_restarts:
-                self.rdzv.report_error(f"script exited with code {code} after {self.max_restarts} restarts")
+                self.rdzv.report_error(self.failure_line(int(env["RANK"]), code))
                 self.exit_code = code
                 break
         self.rdzv.close()
+
+    def failure_line(self, rank: int, code: int) -> str:
+        """``job failed after N restarts: rank R on HOST exited C: <its last output line>``."""
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited {code}"
+        line = f"{FAILED_AFTER} {self.max_restarts} restarts: rank {rank} on {self.host} {how}"
+        last = next(
+            (x.strip() for x in reversed(self._output_tail() if self._output_tail else ()) if x.strip()), ""
+        )
+        return f"{line}: {last[:300]}" if last else line
 
     def _wait_for_exit_or_change(self, proc: subprocess.Popen[bytes]) -> int | None:
         while True:

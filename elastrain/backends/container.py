@@ -124,8 +124,11 @@ class ContainerBackend(Backend):
     def resolve_image(self, image: str, framework: str) -> str:
         """The named image, or the newest holding `framework`; ValueError (what to do) when none fits."""
         from elastrain.images.catalog import default_image_for, find_image, list_images
+        from elastrain.images.recipe import UNAVAILABLE_FRAMEWORKS
 
         build = f"elastrain image build --framework {framework}"
+        if framework in UNAVAILABLE_FRAMEWORKS and default_image_for(framework) is None:
+            raise ValueError(f"framework {framework!r} is not available: {UNAVAILABLE_FRAMEWORKS[framework]}")
         if not image or image == "local":
             found = default_image_for(framework)
             if found is None:

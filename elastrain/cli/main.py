@@ -10,7 +10,7 @@ from typing import NoReturn
 
 from elastrain.cli.chaos_cmd import add_chaos_parser, cmd_chaos
 from elastrain.cli.image_cmd import add_image_parser, cmd_image
-from elastrain.cli.run_cmd import add_run_parser, cmd_run
+from elastrain.cli.run_cmd import add_run_parser, cmd_run, parse_run_args
 from elastrain.errors import ElastrainError
 
 
@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         from elastrain.agent.agent import main as agent_main
 
         return agent_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # `run`: the training command is set aside before argparse sees elastrain's options
+    args = parse_run_args(parser, argv[1:]) if argv[:1] == ["run"] else parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="elastrain: %(message)s",

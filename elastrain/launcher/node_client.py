@@ -101,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, default=NODE_PORT)
     parser.add_argument("agent_args", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    agent_args = args.agent_args[1:] if args.agent_args[:1] == ["--"] else args.agent_args
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)  # the agent's argv (and command) stay untouched
+    args = parser.parse_args(argv[:split])
+    agent_args = argv[split + 1 :] or args.agent_args
     return run_remote(args.host, args.port, agent_args)
 
 

@@ -38,6 +38,19 @@ CASES: dict[str, tuple[list[str], dict[str, str]]] = {
         {"hosts.txt": "# generation: 3\n127.0.0.2 slots=2\n\n# spare box\nnode-b\n[::1] slots=4\n"},
     ),
     "discovery_bad_hostfile": (["hosts", "--discovery", "hosts.txt"], {"hosts.txt": "ok slots=1\nslots=2\n"}),
+    "unknown_option": (["run", "-np", "2", "--n", "5", "python", "train.py"], {"train.py": TRAIN}),
+    "nnodes_not_a_number": (["run", "--nnodes", "two", "python", "train.py"], {"train.py": TRAIN}),
+    "nnodes_and_np": (["run", "--nnodes", "1:2", "-np", "2", "python", "train.py"], {"train.py": TRAIN}),
+    "nnodes_without_hosts": (["run", "--nnodes", "2", "python", "train.py"], {"train.py": TRAIN}),
+    "rdzv_backend_etcd": (["run", "--rdzv-backend", "etcd", "python", "train.py"], {"train.py": TRAIN}),
+    "rdzv_endpoint_bad_port": (["run", "--rdzv_endpoint", "127.0.0.1:http", "python", "train.py"], {}),
+    "rdzv_endpoint_not_here": (
+        ["run", "--rdzv-endpoint", "192.0.2.1:29400", "-np", "1", "python", "train.py"],
+        {"train.py": TRAIN},
+    ),
+    "standalone_with_hosts": (["run", "--standalone", "-H", "127.0.0.2:1", "python", "train.py"], {}),
+    "node_rank": (["run", "--node-rank", "1", "--nnodes", "2", "python", "train.py"], {"train.py": TRAIN}),
+    "nproc_per_node_zero": (["run", "--nproc-per-node", "0", "python", "train.py"], {"train.py": TRAIN}),
 }
 
 
@@ -147,3 +160,63 @@ def test_hosts_discovery_bad_hostfile(results: dict[str, Result]) -> None:
     line = one_line_error(results["discovery_bad_hostfile"])
     assert "hosts.txt:2" in line
     assert "not a host" in line
+
+
+def test_unknown_option_before_the_command(results: dict[str, Result]) -> None:
+    line = one_line_error(results["unknown_option"])
+    assert "unknown option --n" in line
+    assert "before the training command" in line
+    assert results["unknown_option"].returncode == 2
+
+
+def test_nnodes_not_a_number(results: dict[str, Result]) -> None:
+    line = one_line_error(results["nnodes_not_a_number"])
+    assert "--nnodes must be N or MIN:MAX" in line
+    assert "'two'" in line
+
+
+def test_nnodes_and_np_together(results: dict[str, Result]) -> None:
+    line = one_line_error(results["nnodes_and_np"])
+    assert "--nnodes" in line
+    assert "-np" in line
+
+
+def test_nnodes_above_one_without_hosts(results: dict[str, Result]) -> None:
+    line = one_line_error(results["nnodes_without_hosts"])
+    assert "--nnodes 2 needs 2 hosts" in line
+    assert "-H or --hostfile" in line
+
+
+def test_rdzv_backend_refused_by_name(results: dict[str, Result]) -> None:
+    line = one_line_error(results["rdzv_backend_etcd"])
+    assert "--rdzv-backend etcd is not supported" in line
+    assert "c10d" in line
+
+
+def test_rdzv_endpoint_bad_port(results: dict[str, Result]) -> None:
+    line = one_line_error(results["rdzv_endpoint_bad_port"])
+    assert "'127.0.0.1:http'" in line
+    assert "port" in line
+
+
+def test_rdzv_endpoint_not_an_address_of_this_machine(results: dict[str, Result]) -> None:
+    line = one_line_error(results["rdzv_endpoint_not_here"])
+    assert "cannot listen on 192.0.2.1:29400" in line
+    assert "address of this machine" in line
+
+
+def test_standalone_with_hosts(results: dict[str, Result]) -> None:
+    line = one_line_error(results["standalone_with_hosts"])
+    assert "--standalone" in line
+    assert "drop -H" in line
+
+
+def test_node_rank_refused_with_a_hint(results: dict[str, Result]) -> None:
+    line = one_line_error(results["node_rank"])
+    assert "--node-rank is not used" in line
+    assert "starts the agent of every host itself" in line
+
+
+def test_nproc_per_node_zero(results: dict[str, Result]) -> None:
+    line = one_line_error(results["nproc_per_node_zero"])
+    assert "--nproc-per-node must be at least 1, got 0" in line

@@ -258,6 +258,6 @@ def test_default_image_for_is_the_newest_latest(fake_podman: list[tuple[str, ...
 
 
 def test_framework_images_names_the_repo_build_makes() -> None:
-    assert catalog.FRAMEWORK_IMAGES == {
+    assert {
         name: f"localhost/elastrain-{name}" for name in ("pytorch", "horovod", "deepspeed", "slurm")
-    }
+    } == catalog.FRAMEWORK_IMAGES
