@@ -248,7 +248,8 @@ def build_image(
         rootfs_key = keys.rootfs_key(SUITE, VARIANT, DEB_PACKAGES, DPKG_OPTIONS)
         version = RECIPE_VERSION + keys.digest([containerfile.SSH_CLIENT_CONFIG])
         base_key = keys.base_key(version, rootfs_key, constraints, reqs)
-        under_key = keys.layer_key(base_key, recipe.framework, layer_reqs) if layer_reqs else base_key
+        layer_inputs = [*layer_reqs, *(f"{k}={v}" for k, v in recipe.layer_build_env)]
+        under_key = keys.layer_key(base_key, recipe.framework, layer_inputs) if layer_reqs else base_key
         files = keys.source_files(root)
         key = keys.final_key(under_key, keys.source_hash(root, files), recipe.framework)
         name = f"{recipe.repo}:{key}"

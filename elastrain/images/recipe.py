@@ -73,6 +73,7 @@ class FrameworkRecipe:
     frameworks: tuple[str, ...]
     layer_extras: tuple[str, ...] = ()
     compat: tuple[str, ...] = ()
+    layer_build_env: tuple[tuple[str, str], ...] = ()  # environment of the layer's ``pip wheel``
 
 
 # the elastrain extras every image's base venv holds (server: the client commands in the terminal)
@@ -84,7 +85,13 @@ RECIPES: dict[str, FrameworkRecipe] = {
         "horovod", "localhost/elastrain-horovod", ("horovod", "pytorch"), compat=("compat/horovod",)
     ),
     "deepspeed": FrameworkRecipe(
-        "deepspeed", "localhost/elastrain-deepspeed", ("deepspeed", "pytorch"), layer_extras=("deepspeed",)
+        "deepspeed",
+        "localhost/elastrain-deepspeed",
+        ("deepspeed", "pytorch"),
+        layer_extras=("deepspeed",),
+        # DeepSpeed's CPU backend JIT-compiles its shared-memory allreduce at the first
+        # init_distributed (45 s, and a C++ compiler in the image): compile it into the wheel instead
+        layer_build_env=(("DS_BUILD_OPS", "0"), ("DS_BUILD_SHM_COMM", "1")),
     ),
     "slurm": FrameworkRecipe("slurm", "localhost/elastrain-slurm", ("slurm", "pytorch")),
 }

@@ -4,10 +4,11 @@ so nothing is written into the source tree)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from elastrain.errors import ConfigError
@@ -15,10 +16,17 @@ from elastrain.errors import ConfigError
 _NOISE = ("is ignored: it is neither a file nor a directory", "[notice]")
 
 
-def _pip(args: Sequence[str], what: str, timeout: float) -> None:
+def _pip(args: Sequence[str], what: str, timeout: float, env: Mapping[str, str] | None = None) -> None:
     argv = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env={**os.environ, **env} if env else None,
+        )
     except subprocess.TimeoutExpired:
         raise ConfigError(f"pip {what} did not finish within {timeout:.0f} s") from None
     if done.returncode != 0:
@@ -56,11 +64,19 @@ def download_dependencies(
 
 
 def framework_wheels(
-    requirements: Sequence[str], constraints: str, dest: Path, python: str, timeout: float = 900.0
+    requirements: Sequence[str],
+    constraints: str,
+    dest: Path,
+    python: str,
+    build_env: Mapping[str, str] | None = None,
+    timeout: float = 1800.0,
 ) -> list[str]:
     """Wheels of a framework layer's `requirements` into `dest`, sdists built into wheels here.
 
-    ``pip wheel`` builds for the host's Python, so the host's ``X.Y`` must be the image's `python`.
+    ``pip wheel`` builds for the host's Python, so the host's ``X.Y`` must be the image's `python`;
+    sdists build against this venv's torch (the pinned one: no build isolation), with `build_env`
+    (e.g. DeepSpeed's ``DS_BUILD_*`` switches that compile its CPU ops ahead, so the image needs no
+    compiler), never from pip's wheel cache (a cached wheel may have been built without them).
     `dest` also receives ``requirements.txt`` and ``constraints.txt``; returns the wheel file names.
     """
     host = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -76,6 +92,8 @@ def framework_wheels(
         [
             "wheel",
             "--quiet",
+            "--no-cache-dir",
+            "--no-build-isolation",
             "-w",
             str(dest),
             "-c",
@@ -85,6 +103,7 @@ def framework_wheels(
         ],
         "wheel (framework packages)",
         timeout,
+        env=build_env,
     )
     return sorted(p.name for p in dest.glob("*.whl"))
 
