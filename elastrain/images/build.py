@@ -161,7 +161,11 @@ def _ensure_layer(
     context = _fresh_dir(cache / f"layer-{layer_ref.rsplit(':', 1)[1]}")
     with _step(progress, f"wheels: pip wheel {', '.join(reqs)} (the {recipe.framework} layer)"):
         names = wheels.framework_wheels(
-            reqs, constraints, context / "wheels", ".".join(python.split(".")[:2])
+            reqs,
+            constraints,
+            context / "wheels",
+            ".".join(python.split(".")[:2]),
+            dict(recipe.layer_build_env),
         )
     labels = {
         "elastrain.layer": f"layer-{recipe.framework}",

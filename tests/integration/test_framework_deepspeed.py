@@ -1,0 +1,118 @@
+"""The DeepSpeed framework for real, in containers: DeepSpeed's own launcher (pdsh over the cluster's
+sshd) typed in the launcher trains ZeRO-2 across containers, and a ZeRO-2 job under
+``elastrain run --mode restart`` grows with the cluster 2 -> 4 and shrinks back, every sample once.
+
+One cluster serves the module; skips where podman cannot run.
+"""
+
+# ruff: noqa: F811 - `ccp` and `image` are fixtures imported by name
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elastrain.client import Client
+from tests.integration.containers import ContainerPlane, ccp, framework_image, image  # noqa: F401
+from tests.integration.test_containers import run_in, shared_storage
+from tests.integration.test_control_plane import all_running, record_timing, wait_for
+
+pytestmark = pytest.mark.timeout(600)
+CLUSTER = "ds"
+EXAMPLES = "/opt/elastrain/examples"
+SAMPLES, EPOCHS = 4096, 2
+
+
+@pytest.fixture(scope="module")
+def data(ccp: ContainerPlane) -> Path:
+    return shared_storage(ccp, "ds-data")
+
+
+@pytest.fixture(scope="module")
+def cluster(ccp: ContainerPlane, data: Path) -> Iterator[Client]:
+    framework_image("deepspeed")
+    made = ccp.cli(
+        "cluster", "create", CLUSTER, "--framework", "deepspeed", "--containers", "2",
+        "--mount", f"{data}:/data", "--wait",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    with ccp.client() as c:
+        assert c.get_cluster(CLUSTER).image.startswith("localhost/elastrain-deepspeed")
+        yield c
+        c.delete_cluster(CLUSTER)
+        c.wait_deleted(CLUSTER, timeout=90)
+
+
+def test_deepspeed_launcher_trains_zero2_across_containers(cluster: Client, data: Path) -> None:
+    """The issue's check: `deepspeed --hostfile /etc/mpi/hostfile deepspeed_train.py --deepspeed_config
+    ds_zero2.json` typed in the launcher exits 0, with one rank in each container (pdsh over ssh)."""
+    hint = cluster.get_cluster(CLUSTER).raw["launch_hint"]
+    assert hint.startswith("deepspeed --hostfile /etc/mpi/hostfile"), hint
+    code, out = run_in(cluster, CLUSTER, *hint.split(), "--epochs", "1", "--sample-log", "/data/fixed")
+    assert code == 0, out[-4000:]
+    assert "samples_per_rank=[4096, 4096]" in out or "total 4096" in out, out[-3000:]
+    hosts = set(re.findall(rf"({CLUSTER}-(?:launcher|worker-\d+)): ", out))
+    assert hosts == {f"{CLUSTER}-launcher", f"{CLUSTER}-worker-0"}, out[-3000:]
+    assert sorted(sample_ids(data / "fixed")[0]) == list(range(SAMPLES))
+
+
+def sample_ids(samples: Path) -> dict[int, list[int]]:
+    """Epoch -> the sample ids every rank of every start logged (the example's --sample-log)."""
+    by_epoch: dict[int, list[int]] = {}
+    for path in samples.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            by_epoch.setdefault(record["epoch"], []).extend(record["ids"])
+    return by_epoch
+
+
+def _steps_at(samples: Path, world: int) -> int:
+    """Steps rank 0 logged at data-parallel size `world`."""
+    return sum(path.read_text().count(f'"world": {world},') for path in samples.glob("samples-g*-r0-*.jsonl"))
+
+
+def test_zero2_job_grows_and_shrinks_with_the_cluster(
+    ccp: ContainerPlane, cluster: Client, data: Path
+) -> None:
+    """A ZeRO-2 job under `elastrain run --mode restart` on the hostfile follows scale 2 -> 4 -> 2:
+    it resumes at each new data-parallel size from a universal checkpoint, every sample once."""
+    samples = data / "elastic"
+    command = (
+        "elastrain run --mode restart --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile "
+        f"python {EXAMPLES}/deepspeed_train.py --deepspeed_config {EXAMPLES}/ds_zero2.json "
+        f"--epochs {EPOCHS} --checkpoint-dir /data/ckpt --sample-log /data/elastic --step-sleep 0.1"
+    )
+    job = cluster.submit_job(CLUSTER, command.split())
+
+    def steps_at(world: int, at_least: int) -> bool:
+        current = cluster.get_job(job["id"])
+        assert current["status"] == "Running", cluster.job_logs(job["id"])[0][-4000:]
+        return _steps_at(samples, world) >= at_least
+
+    wait_for(lambda: steps_at(2, 5), 180, "5 steps at 2 ranks")
+    t0 = time.monotonic()
+    cluster.scale_cluster(CLUSTER, 4)
+    cluster.wait_cluster(CLUSTER, all_running, timeout=90)
+    wait_for(lambda: steps_at(4, 1), 180, "the first step at 4 ranks")
+    record_timing(ccp, "deepspeed: scale 2 -> 4 -> first ZeRO-2 step at 4", time.monotonic() - t0)
+    wait_for(lambda: steps_at(4, 5), 60, "5 steps at 4 ranks")
+    t0 = time.monotonic()
+    at_two = _steps_at(samples, 2)
+    cluster.scale_cluster(CLUSTER, 2)
+    wait_for(lambda: steps_at(2, at_two + 1), 180, "a step at 2 ranks again")
+    record_timing(ccp, "deepspeed: scale 4 -> 2 -> first ZeRO-2 step at 2", time.monotonic() - t0)
+    done = wait_for(
+        lambda: (j := cluster.get_job(job["id"]))["status"] != "Running" and j, 300, "the job to finish"
+    )
+    log = cluster.job_logs(job["id"])[0]
+    assert (done["status"], done["exit_code"]) == ("Succeeded", 0), log[-4000:]
+    resumes = re.findall(r"resumed step=\d+ .* from dp=(\d) to dp=(\d) universal=(\w+)", log)
+    assert resumes == [("2", "4", "True"), ("4", "2", "True")], log[-4000:]
+    by_epoch = sample_ids(samples)
+    assert sorted(by_epoch) == list(range(EPOCHS))
+    for epoch, ids in by_epoch.items():
+        assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}: {len(ids)} ids, {len(set(ids))} distinct"
