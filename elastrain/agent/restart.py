@@ -20,10 +20,12 @@ How the script's exit is read (torchrun's semantics):
   ``elastrain: job failed after 3 restarts: rank 0 on 127.0.0.2 exited 1: ZeroDivisionError: ...``.
 * **A membership change is not a failure** (hosts added or removed, a worker or host lost): the
   scripts restart in the next generation without counting.
-* Once a rank has finished, no worker is started any more. A failure or a resize that then needs the
-  ranks still running restarted re-forms the generation without the finished ranks when at least
-  ``--min-np`` remain (torchrun would rerun the finished ones too); otherwise (a fixed size, ``-np N``)
-  `elastrain run` ends the job at once, exit 1, saying so.
+* Once a rank has finished, the job runs to its end with the ranks it has: no worker is started or
+  admitted, and a host-list change resizes nothing (the coordinator's rules, see
+  ``elastrain/rendezvous/coordinator.py``). A failure that then needs the ranks still running
+  restarted re-forms the generation without the finished ranks when at least ``--min-np`` remain
+  (torchrun would rerun the finished ones too); otherwise (a fixed size, ``-np N``) `elastrain run`
+  ends the job at once, exit 1, saying so.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from typing import NoReturn
 
 from elastrain.cli.chaos_cmd import add_chaos_parser, cmd_chaos
 from elastrain.cli.image_cmd import add_image_parser, cmd_image
-from elastrain.cli.run_cmd import add_run_parser, cmd_run, parse_run_args
+from elastrain.cli.run_argv import parse_run_args
+from elastrain.cli.run_cmd import add_run_parser, cmd_run
 from elastrain.errors import ElastrainError
 
 

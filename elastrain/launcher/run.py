@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,8 +23,8 @@ from elastrain.agent.restart import FAILED_AFTER
 from elastrain.errors import ConfigError
 from elastrain.launcher.agents import AgentStarter, LocalAgentStarter
 from elastrain.launcher.hosts import HostSource
-from elastrain.rendezvous.api import WorkerState
-from elastrain.rendezvous.coordinator import Coordinator, CoordinatorConfig
+from elastrain.rendezvous.coordinator import Coordinator
+from elastrain.rendezvous.records import CoordinatorConfig
 from elastrain.runtime.progress import IncidentReporter
 
 log = logging.getLogger("elastrain.run")
@@ -96,98 +94,6 @@ def resolve_sizes(np: int | None, min_np: int | None, max_np: int | None, slots:
     return lo, hi, min(initial, max(slots, lo))
 
 
-_IMPORTS_ELASTRAIN = re.compile(
-    r"(?:^|;)[ \t]*(?:from[ \t]+elastrain[\s.]"  # from elastrain import x / from elastrain.y import z
-    r"|import[ \t]+(?:[\w.]+[ \t]*(?:as[ \t]+\w+)?[ \t]*,[ \t]*)*elastrain\b)",  # import a as b, elastrain
-    re.M,
-)
-
-
-def python_target(command: list[str]) -> tuple[str, str] | None:
-    """What ``python [options] ...`` runs: ("code", CODE), ("module", NAME), ("script", PATH) or None."""
-    args = command[1:]
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            return ("script", args[i + 1]) if i + 1 < len(args) else None
-        if arg == "-" or not arg.startswith("-"):
-            return None if arg == "-" else ("script", arg)
-        takes_next = False
-        if not arg.startswith("--"):  # a cluster of short options: -u, -uB, -Wignore, -um mod, -c CODE
-            for j in range(1, len(arg)):
-                if arg[j] in "cm":
-                    value = arg[j + 1 :] or (args[i + 1] if i + 1 < len(args) else None)
-                    return None if value is None else ("code" if arg[j] == "c" else "module", value)
-                if arg[j] in "WX":
-                    takes_next = not arg[j + 1 :]
-                    break
-        i += 2 if takes_next else 1
-    return None
-
-
-def _module_file(name: str) -> Path | None:
-    """The source file `python -m name` would run (from here), found without importing anything."""
-    import importlib.machinery
-
-    search: list[str] | None = [str(Path.cwd()), *sys.path]
-    spec = None
-    parts = name.split(".")
-    for depth in range(len(parts)):
-        fullname = ".".join(parts[: depth + 1])
-        spec = importlib.machinery.PathFinder.find_spec(fullname, search)
-        if spec is None:
-            return None
-        search = list(spec.submodule_search_locations or [])
-    if spec is None:
-        return None
-    if spec.submodule_search_locations:  # a package: python -m runs its __main__
-        for location in spec.submodule_search_locations:
-            if (Path(location) / "__main__.py").is_file():
-                return Path(location) / "__main__.py"
-        return None
-    return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        if path.is_file() and path.stat().st_size < 4 << 20:
-            return path.read_text(errors="replace")
-    except OSError:
-        pass
-    return None
-
-
-def uses_elastrain(command: list[str]) -> bool:
-    """Auto-detect the mode: does the command import elastrain (native) or not (restart mode)?
-
-    ``python script.py`` / ``python -m module`` / ``python -c CODE``: their source is searched for an
-    import of elastrain. Another program: the first existing ``.py`` argument (``deepspeed train.py``);
-    without one, a binary program (``echo``, ``bash -c ...``) is restart mode, and a text one (a
-    wrapper script) is native, as is every command whose source cannot be found: an elastrain script
-    run in restart mode would train alone, while a native job whose workers exit 0 without joining
-    it is stopped with a hint to use ``--mode restart`` (see `Launcher`).
-    """
-    if not command:
-        return True
-    if Path(command[0]).name.startswith("python"):
-        target = python_target(command)
-        if target is None:
-            return True
-        kind, value = target
-        if kind == "code":
-            return bool(_IMPORTS_ELASTRAIN.search(value))
-        path = _module_file(value) if kind == "module" else Path(value)
-        text = _read(path) if path is not None else None
-        return True if text is None else bool(_IMPORTS_ELASTRAIN.search(text))
-    script = next((Path(a) for a in command[1:] if a.endswith(".py") and Path(a).is_file()), None)
-    if script is not None:
-        return bool(_IMPORTS_ELASTRAIN.search(_read(script) or ""))
-    program = shutil.which(command[0])
-    text = _read(Path(program)) if program else None
-    return text is not None and "\0" not in text[:4096]  # a binary program cannot import elastrain
-
-
 class Launcher:
     """Runs one job: store, coordinator, agents, host watcher."""
 
@@ -200,10 +106,7 @@ class Launcher:
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
         self.coordinator: Coordinator | None = None
-        self._seen_events = 0
         self._coordinator_log_level = logging.getLogger("elastrain.coordinator").level
-        self._joined: set[str] = set()
-        self._clean_exits: dict[str, int] = {}
 
     def _agent_args(self, host: str) -> list[str]:
         assert self.coordinator is not None
@@ -301,10 +204,6 @@ class Launcher:
                 if self._stop.is_set():
                     self.coordinator.abort("interrupted")
                     return 130
-                if self.config.restart_mode:
-                    self._stop_if_finishing_cannot_go_on()
-                else:
-                    self._stop_if_never_joining()
             return self._finish()
         finally:
             self._stop.set()
@@ -334,54 +233,6 @@ class Launcher:
             f"cannot listen on {where} ({reason}); give an address of this machine and a free port "
             "(--rdzv-endpoint / --coordinator-host, --coordinator-port; the port above it is used too)"
         )
-
-    def _stop_if_never_joining(self) -> None:
-        """Native mode: a worker slot whose processes keep exiting 0 without joining the job would be
-        refilled forever; after the second such exit in one slot the job ends with a hint instead."""
-        assert self.coordinator is not None
-        history = self.coordinator.history
-        new, self._seen_events = history[self._seen_events : len(history)], len(history)
-        for event in new:
-            if event.get("event") == "generation":
-                self._joined.update(m["worker_id"] for m in event.get("members", ()))
-            elif event.get("event") == "worker_exit" and event.get("returncode") == 0:
-                wid = str(event.get("worker_id"))
-                if wid in self._joined:
-                    continue
-                host, _, rank = wid.rpartition("#")
-                slot = f"{host}#{rank.partition('.')[0]}"
-                self._clean_exits[slot] = self._clean_exits.get(slot, 0) + 1
-                if self._clean_exits[slot] >= 2:
-                    self.coordinator.abort(
-                        f"the workers of slot {slot} exit 0 without joining the job (the command does not "
-                        "use elastrain): run it as a torchrun-style script with --mode restart"
-                    )
-
-    def _stop_if_finishing_cannot_go_on(self) -> None:
-        """Restart mode: once a rank has finished (exit 0) no worker is started any more, so a restart
-        of the other ranks (a failure, a resize) that would leave fewer than --min-np of them can never
-        be formed: end the job now rather than after --elastic-timeout."""
-        coordinator = self.coordinator
-        assert coordinator is not None
-        generation, pending = coordinator.generation, coordinator.pending
-        if generation is None or pending is None or coordinator.outcome is not None:
-            return
-        states = {
-            m.worker_id: getattr(coordinator.workers.get(m.worker_id), "state", None)
-            for m in generation.members
-        }
-        done = [rank for rank, m in enumerate(generation.members) if states[m.worker_id] == WorkerState.DONE]
-        if not done:
-            return
-        left = sum(1 for state in states.values() if state in (WorkerState.ACTIVE, WorkerState.STOPPED))
-        waiting = sum(1 for w in list(coordinator.workers.values()) if w.state == WorkerState.WAITING)
-        if left + waiting < coordinator.config.min_np:
-            finished, cause = ", ".join(str(rank) for rank in done), pending.value.replace("_", " ")
-            coordinator.abort(
-                f"rank {finished} had finished (exit 0) when a {cause} needed the other ranks restarted, "
-                f"and fewer than --min-np {coordinator.config.min_np} would be left: a job whose ranks have "
-                "begun to finish cannot restart (see the output above)"
-            )
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         print(f"elastrain: got signal {signum}, stopping the job", file=sys.stderr)

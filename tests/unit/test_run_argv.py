@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from elastrain.cli.main import build_parser
-from elastrain.cli.run_cmd import parse_run_args, size_from_nnodes, torchrun_flags, training_command
+from elastrain.cli.run_argv import parse_run_args, size_from_nnodes, torchrun_flags, training_command
 from elastrain.errors import ConfigError
 from elastrain.hostfile import parse_host_list
 from elastrain.launcher.hosts import StaticHosts, WatchedHostfile
-from elastrain.launcher.run import python_target, uses_elastrain
+from elastrain.launcher.mode import python_target, uses_elastrain
 
 
 def parse(*argv: str) -> argparse.Namespace:

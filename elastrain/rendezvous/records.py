@@ -1,0 +1,67 @@
+"""What the coordinator keeps: its configuration, one record per worker, and how the job ended."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elastrain.rendezvous.api import WorkerState
+from elastrain.rendezvous.wire import Message, Peer
+
+LIVE = (
+    WorkerState.STARTING,
+    WorkerState.WAITING,
+    WorkerState.ACTIVE,
+    WorkerState.STOPPED,
+    WorkerState.LEAVING,
+)
+MEMBER = (WorkerState.ACTIVE, WorkerState.STOPPED, WorkerState.LEAVING)
+
+
+@dataclass
+class CoordinatorConfig:
+    """Sizes and time bounds of one job."""
+
+    min_np: int
+    max_np: int
+    initial_np: int
+    join_grace_s: float = 5.0  # wait this long for more starting workers before admitting the ready ones
+    start_timeout_s: float = 120.0  # give up if min_np workers are not ready by then
+    elastic_timeout_s: float = 60.0  # give up if below min_np this long
+    heartbeat_timeout_s: float = 30.0
+    max_restarts: int = 3  # respawns allowed to get back to min_np after failures
+    events_path: Path | None = None
+    adopt: bool = False  # a restarted coordinator: adopt the agents and workers that reconnect
+    adopt_grace_s: float = 5.0
+    run_id: str = ""
+
+
+@dataclass
+class WorkerRecord:
+    """What the coordinator knows about one worker."""
+
+    worker_id: str
+    host: str
+    local_rank: int
+    state: WorkerState = WorkerState.STARTING
+    pid: int = 0
+    peer: Peer | None = None
+    join_request: Message | None = None
+    committed_step: int = -1
+    port: int = 0
+    address: str = ""
+    rejoin: dict[str, Any] | None = None
+    joined: bool = False  # it has asked to join at least once (a worker that never does: not elastrain)
+    last_seen: float = field(default_factory=time.monotonic)
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Outcome:
+    """How the job ended."""
+
+    success: bool
+    message: str = ""
+    worker_id: str = ""
