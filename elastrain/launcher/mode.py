@@ -2,7 +2,8 @@
 
 Decided from the command's source, without importing or running anything. ``python script.py``,
 ``python -m module`` (found as Python would, from here) and ``python -c CODE``: native when that
-source imports elastrain (``import elastrain``, ``from elastrain... import``), restart mode when not.
+source imports elastrain (``import elastrain``, ``from elastrain... import``) or Horovod's API
+(``import horovod.torch as hvd``), restart mode when not.
 Another program: its first existing ``.py`` argument decides (``deepspeed train.py``); without one, a
 binary program (``echo``, ``bash -c ...``) is restart mode and a text one (a wrapper script) native.
 When the source cannot be found (a wrapper, ``python -m`` of a module not found here, ``python -``)
@@ -18,9 +19,10 @@ import shutil
 import sys
 from pathlib import Path
 
+# elastrain, or Horovod's API (in elastrain's images `horovod` is elastrain's implementation of it)
 _IMPORTS_ELASTRAIN = re.compile(
-    r"(?:^|;)[ \t]*(?:from[ \t]+elastrain[\s.]"  # from elastrain import x / from elastrain.y import z
-    r"|import[ \t]+(?:[\w.]+[ \t]*(?:as[ \t]+\w+)?[ \t]*,[ \t]*)*elastrain\b)",  # import a as b, elastrain
+    r"(?:^|;)[ \t]*(?:from[ \t]+(?:elastrain|horovod)[\s.]"  # from elastrain(.y) import x
+    r"|import[ \t]+(?:[\w.]+[ \t]*(?:as[ \t]+\w+)?[ \t]*,[ \t]*)*(?:elastrain|horovod)\b)",  # import a, b
     re.M,
 )
 

@@ -169,6 +169,8 @@ def test_mode_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "train.py").write_text("from elastrain.runtime import loop\n")
     assert uses_elastrain(["python", "native.py"])
+    (tmp_path / "hvd.py").write_text("import torch\nimport horovod.torch as hvd\n")
+    assert uses_elastrain(["python", "hvd.py"])  # Horovod's API is elastrain's in its images
     assert not uses_elastrain(["python", "plain.py", "native.py"])
     assert not uses_elastrain(["python", "-c", "print('hi')"])
     assert uses_elastrain(["python", "-c", "import os, elastrain"])
