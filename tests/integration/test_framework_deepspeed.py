@@ -60,6 +60,22 @@ def test_deepspeed_launcher_trains_zero2_across_containers(cluster: Client, data
     assert sorted(sample_ids(data / "fixed")[0]) == list(range(SAMPLES))
 
 
+def test_a_config_that_does_not_parse_is_one_line_per_rank(cluster: Client, data: Path) -> None:
+    """A DeepSpeed config that is not JSON: non-zero exit, the reason (file and fix) from each rank,
+    no traceback, nothing left running in any container."""
+    (data / "bad.json").write_text('{"train_batch_size": 64,,}')
+    command = f"deepspeed --hostfile /etc/mpi/hostfile {EXAMPLES}/deepspeed_train.py --deepspeed_config"
+    code, out = run_in(cluster, CLUSTER, *command.split(), "/data/bad.json")
+    assert code != 0, out[-3000:]
+    assert "--deepspeed_config /data/bad.json is not valid JSON" in out and "fix the file" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    for container in (None, f"{CLUSTER}-worker-0"):
+        code, left = run_in(
+            cluster, CLUSTER, "sh", "-c", "pgrep -fc '[d]eepspeed_train' || true", container=container
+        )
+        assert left.strip() == "0", left
+
+
 def sample_ids(samples: Path) -> dict[int, list[int]]:
     """Epoch -> the sample ids every rank of every start logged (the example's --sample-log)."""
     by_epoch: dict[int, list[int]] = {}
