@@ -20,6 +20,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ RUN_DIR = Path("/tmp/elastrain-services")  # the container's own /tmp: configs, 
 # variables of the container that ssh sessions get too (sshd starts sessions with a clean environment)
 SESSION_ENV_PREFIXES = ("ELASTRAIN_", "CUDA_", "NVIDIA_")
 SESSION_ENV_NAMES = ("PATH", "PYTHONUNBUFFERED", "PDSH_RCMD_TYPE", "LANG")
+STABLE_S = 60.0  # a service that ran this long before exiting restarts after 1 s again (no back-off)
 
 
 @dataclass
@@ -110,7 +112,8 @@ def framework_services(framework: str, role: str, environ: Mapping[str, str]) ->
 
 
 class Supervisor:
-    """Starts services and restarts any that exits (back-off 1 s doubling to 30 s)."""
+    """Starts services and restarts any that exits (back-off 1 s doubling to 30 s; reset to 1 s when
+    the service had run for `STABLE_S`)."""
 
     def __init__(self, services: list[Service]) -> None:
         self.services = services
@@ -137,9 +140,12 @@ class Supervisor:
                 with self._lock:
                     self.procs[service.name] = proc
                 log.info("started %s (pid %d)", service.name, proc.pid)
+                started = time.monotonic()
                 code = proc.wait()
                 if self._stop.is_set():
                     return
+                if time.monotonic() - started > STABLE_S:  # it had run well: restart it promptly
+                    delay = 1.0
                 log.warning("%s exited with %s; starting it again in %.0f s", service.name, code, delay)
             if self._stop.wait(delay):
                 return

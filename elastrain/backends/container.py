@@ -237,8 +237,10 @@ class ContainerBackend(Backend):
         return status or ContainerStatus(spec.cluster, spec.name, None, False, False, spec.address)
 
     def delete_container(self, cluster: str, name: str, cluster_uid: str = "") -> None:
-        """Stop the container (SIGTERM: its workers leave; SIGKILL after the timeout) and remove it."""
+        """Stop the container (SIGTERM: its workers leave; SIGKILL after the timeout) and remove it; the
+        cluster's /etc/hosts then no longer names it."""
         podman("rm", "--force", "--time", str(self.stop_timeout_s), self.container_name(name), check=False)
+        self._refresh_hosts(cluster)
 
     def delete_cluster(self, cluster: str, cluster_uid: str) -> None:
         """Remove every container and the network of the cluster, then its files on this machine."""
