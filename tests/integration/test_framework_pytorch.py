@@ -92,3 +92,12 @@ def test_torchrun_across_containers(cluster: Client) -> None:
     assert all(" samples 5000 " in ln for ln in lines), lines
     hosts = {ln.split(" host ")[1].split()[0] for ln in lines}
     assert hosts == {f"{CLUSTER}-launcher", f"{CLUSTER}-worker-0"}, lines
+
+
+def test_the_clusters_launch_hint_trains(cluster: Client) -> None:
+    """The command the cluster page shows for a PyTorch cluster, typed as shown: every container trains."""
+    hint = cluster.get_cluster(CLUSTER).raw["launch_hint"].split("#")[0]
+    assert hint.startswith("elastrain run --hostfile /etc/mpi/hostfile python /opt/elastrain/examples/"), hint
+    code, out = run_in(cluster, CLUSTER, *hint.split(), "--epochs", "1", "--batch-size", "500")
+    assert code == 0, out[-3000:]
+    assert "epoch 0 done: world 3" in out, out[-3000:]
