@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt -e '.[examples,dev,server,deepspeed]'
+	$(PIP) install --quiet -c constraints.txt -e '.[examples,dev,server,deepspeed,megatron]'
 	touch $(STAMP)
 
 demo: install

@@ -94,11 +94,13 @@ RECIPES: dict[str, FrameworkRecipe] = {
         layer_build_env=(("DS_BUILD_OPS", "0"), ("DS_BUILD_SHM_COMM", "1")),
     ),
     "slurm": FrameworkRecipe("slurm", "localhost/elastrain-slurm", ("slurm", "pytorch")),
+    # the real megatron-core; its CPU/gloo shim (elastrain.frameworks.megatron_cpu) comes with elastrain
+    "megatron": FrameworkRecipe(
+        "megatron", "localhost/elastrain-megatron", ("megatron", "pytorch"), layer_extras=("megatron",)
+    ),
 }
 # Frameworks other parts of elastrain know of, whose images cannot be built (the reason is shown).
-UNAVAILABLE_FRAMEWORKS: dict[str, str] = {
-    "megatron": "megatron-core's parallel layers need CUDA (see the README's Megatron-LM section)",
-}
+UNAVAILABLE_FRAMEWORKS: dict[str, str] = {}
 
 
 def recipe_for(framework: str) -> FrameworkRecipe:

@@ -65,7 +65,8 @@ LAUNCH_HINTS = {
     Framework.deepspeed: (
         f"deepspeed {_HOSTFILE} {_EXAMPLES}/deepspeed_train.py --deepspeed_config {_EXAMPLES}/ds_zero2.json"
     ),
-    Framework.megatron: "(Megatron-LM needs CUDA GPUs: see the README's Megatron-LM section)",
+    # megatron-core's GPT at tensor parallel 2 x data parallel (processes / 2), on CPU through its shim
+    Framework.megatron: f"elastrain run --mode restart {_HOSTFILE} python {_EXAMPLES}/megatron_gpt.py",
     Framework.pytorch: f"elastrain run {_HOSTFILE} python {_EXAMPLES}/mnist_elastic.py   # or torchrun",
     Framework.slurm: "sinfo; sbatch -N 2 job.sh   # or: salloc -N 2 elastrain run --slurm python train.py",
 }
