@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)  # a small MLP per rank: more threads only fight over the cores
     import deepspeed
 
-    from elastrain.runtime.data import ElasticSampler
+    from elastrain.frameworks import ElasticSampler
 
     imported_s = time.time() - T_START
     deepspeed.init_distributed(dist_backend="gloo")

@@ -3,7 +3,8 @@
 Decided from the command's source, without importing or running anything. ``python script.py``,
 ``python -m module`` (found as Python would, from here) and ``python -c CODE``: native when that
 source imports elastrain (``import elastrain``, ``from elastrain... import``) or Horovod's API
-(``import horovod.torch as hvd``), restart mode when not.
+(``import horovod.torch as hvd``), restart mode when not (``elastrain.frameworks``, the helpers for
+restart-mode scripts, does not count).
 Another program: its first existing ``.py`` argument decides (``deepspeed train.py``); without one, a
 binary program (``echo``, ``bash -c ...``) is restart mode and a text one (a wrapper script) native.
 When the source cannot be found (a wrapper, ``python -m`` of a module not found here, ``python -``)
@@ -20,9 +21,10 @@ import sys
 from pathlib import Path
 
 # elastrain, or Horovod's API (in elastrain's images `horovod` is elastrain's implementation of it)
+_ELASTRAIN = r"(?:elastrain(?!\.frameworks\b)|horovod)"  # elastrain.frameworks: restart-mode helpers
 _IMPORTS_ELASTRAIN = re.compile(
-    r"(?:^|;)[ \t]*(?:from[ \t]+(?:elastrain|horovod)[\s.]"  # from elastrain(.y) import x
-    r"|import[ \t]+(?:[\w.]+[ \t]*(?:as[ \t]+\w+)?[ \t]*,[ \t]*)*(?:elastrain|horovod)\b)",  # import a, b
+    rf"(?:^|;)[ \t]*(?:from[ \t]+{_ELASTRAIN}[\s.]"  # from elastrain(.y) import x
+    rf"|import[ \t]+(?:[\w.]+[ \t]*(?:as[ \t]+\w+)?[ \t]*,[ \t]*)*{_ELASTRAIN}\b)",  # import a, elastrain
     re.M,
 )
 

@@ -14,6 +14,8 @@ from elastrain.hostfile import parse_host_list
 from elastrain.launcher.hosts import StaticHosts, WatchedHostfile
 from elastrain.launcher.mode import python_target, uses_elastrain
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def parse(*argv: str) -> argparse.Namespace:
     return parse_run_args(build_parser(), list(argv))
@@ -171,6 +173,13 @@ def test_mode_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert uses_elastrain(["python", "native.py"])
     (tmp_path / "hvd.py").write_text("import torch\nimport horovod.torch as hvd\n")
     assert uses_elastrain(["python", "hvd.py"])  # Horovod's API is elastrain's in its images
+    (tmp_path / "ds.py").write_text("from elastrain.frameworks.deepspeed_elastic import x\n")
+    assert not uses_elastrain(["python", "ds.py"])  # helpers for restart-mode scripts
+    assert not uses_elastrain(["python", "-c", "import elastrain.frameworks.megatron_cpu"])
+    for name in ("deepspeed_train.py", "megatron_gpt.py", "torchrun_ddp.py"):
+        assert not uses_elastrain(["python", str(REPO / "examples" / name)]), name
+    for name in ("mnist_elastic.py", "horovod_mnist_elastic.py"):
+        assert uses_elastrain(["python", str(REPO / "examples" / name)]), name
     assert not uses_elastrain(["python", "plain.py", "native.py"])
     assert not uses_elastrain(["python", "-c", "print('hi')"])
     assert uses_elastrain(["python", "-c", "import os, elastrain"])
