@@ -175,7 +175,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.rdzv_id:
         env["ELASTRAIN_RDZV_ID"] = args.rdzv_id  # restart mode: the scripts' TORCHELASTIC_RUN_ID
     source = make_host_source(
-        args.host_list, args.hostfile, args.host_discovery_script, args.nproc_per_node, args.np, args.slurm
+        args.host_list,
+        args.hostfile,
+        args.host_discovery_script,
+        args.nproc_per_node,
+        args.np,
+        args.slurm,
+        max_np=args.max_np,
     )
     if args.nnodes_range is not None:
         size_from_nnodes(args, source)

@@ -90,18 +90,61 @@ class DiscoveryScript(HostSource):
         return parse_hostfile("\n".join(lines), f"output of {self.script}")
 
 
-class SlurmHosts(StaticHosts):
-    """The nodes of the Slurm allocation `elastrain run` runs in (SLURM_JOB_NODELIST and task counts).
+class SlurmHosts(HostSource):
+    """The nodes of the Slurm allocation `elastrain run` runs in, watched: SLURM_JOB_NODELIST and the
+    task counts at the start, then the job's NodeList (``scontrol show job``) as it changes.
 
-    An allocation's nodes do not change while it runs; a node whose agent step is signalled
-    (preemption) leaves through its workers, not through this list.
+    The allocation changes when it grows (with `max_np`, `elastrain.launcher.slurm_grow` expands it
+    onto idle nodes of its partition, once) or when the platform shrinks it at scale-in. A node whose
+    agent step is signalled (preemption, scale-in) leaves through its workers first; the list follows.
+    New nodes get `nproc_per_node` slots, else the slots every starting node had (else 1).
     """
 
-    def __init__(self, env: Mapping[str, str] | None = None, nproc_per_node: int | None = None) -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        nproc_per_node: int | None = None,
+        max_np: int | None = None,
+        runner: Callable[..., subprocess.CompletedProcess[str] | None] | None = None,
+    ) -> None:
         from elastrain.launcher.slurm import allocation_slots
+        from elastrain.launcher.slurm_grow import grower_for, run_slurm
 
-        slots = allocation_slots(os.environ if env is None else env, nproc_per_node)
-        super().__init__(Hostfile(tuple(Host(name, n) for name, n in slots.items())))
+        env = os.environ if env is None else env
+        slots = allocation_slots(env, nproc_per_node)
+        counts = set(slots.values())
+        self.slots_per_node = nproc_per_node or (counts.pop() if len(counts) == 1 else 1)
+        self.job_id = env.get("SLURM_JOB_ID")
+        self.runner = runner or run_slurm
+        self._slots = dict(slots)
+        self._last = Hostfile(tuple(Host(name, n) for name, n in slots.items()))
+        self.grower = grower_for(env, self.slots_per_node, max_np, self._last.total_slots)
+        if self.grower is not None:
+            self.grower.runner = self.runner
+
+    def read(self) -> Hostfile:
+        if not self.job_id:
+            return self._last
+        from elastrain.launcher.slurm_grow import job_nodes
+
+        nodes = job_nodes(self.job_id, self.runner)  # None while unreadable: keep the last list
+        if nodes is not None and [h.name for h in self._last.hosts] != nodes:
+            self._last = Hostfile(tuple(Host(n, self._slots.get(n, self.slots_per_node)) for n in nodes))
+        return self._last
+
+    def watch(self, on_change: Callable[[Hostfile], None], stop: threading.Event, interval_s: float) -> None:
+        """Follow the job's NodeList (at most once a second); grow the allocation if allowed."""
+        if not self.job_id:
+            stop.wait()
+            return
+        if self.grower is not None:
+            threading.Thread(
+                target=self.grower.run,
+                args=(lambda: [h.name for h in self._last.hosts], stop),
+                name="elastrain-slurm-grow",
+                daemon=True,
+            ).start()
+        super().watch(on_change, stop, max(interval_s, 1.0))
 
 
 def make_host_source(
@@ -111,11 +154,13 @@ def make_host_source(
     nproc_per_node: int | None,
     np: int | None,
     slurm: bool = False,
+    max_np: int | None = None,
 ) -> HostSource:
     """Pick the host source from the launcher's flags (at most one of -H, --hostfile, discovery).
 
     Without any of them, inside a Slurm allocation (SLURM_JOB_ID set) or with `slurm`, the
-    allocation's nodes are the hosts; otherwise this machine alone.
+    allocation's nodes are the hosts (watched; with `max_np` the allocation grows onto idle nodes of
+    its partition); otherwise this machine alone.
     """
     given = [x for x in (host_list, hostfile, discovery) if x]
     if len(given) > 1:
@@ -123,7 +168,7 @@ def make_host_source(
     if slurm and given:
         raise ConfigError("--slurm takes the hosts from the allocation; drop -H/--hostfile/discovery")
     if slurm or (not given and os.environ.get("SLURM_JOB_ID")):
-        return SlurmHosts(nproc_per_node=nproc_per_node)
+        return SlurmHosts(nproc_per_node=nproc_per_node, max_np=max_np)
     if host_list:
         hosts = parse_host_list(host_list)
         if nproc_per_node:

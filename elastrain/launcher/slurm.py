@@ -5,7 +5,9 @@ step on the first node; every node of the allocation gets one agent, started as 
 own (``srun --nodes=1 --ntasks=1 --nodelist=NODE --overlap``). The agent runs under
 `SlurmAgent`: a SIGTERM to its step (``scancel --signal=TERM JOB.STEP``, preemption, a time limit)
 makes its workers leave gracefully at their next commit, then the agent leaves too, so the job
-shrinks instead of failing.
+shrinks instead of failing. The hosts follow the job's NodeList (`elastrain.launcher.hosts.SlurmHosts`);
+with ``--max-np`` the launcher grows its own allocation onto idle nodes of its partition, once
+(`elastrain.launcher.slurm_grow`), and the job grows onto them.
 """
 
 from __future__ import annotations

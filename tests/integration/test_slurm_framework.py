@@ -4,7 +4,8 @@ munged in every container, slurmctld in the launcher, slurmd in each worker, all
 capabilities (`elastrain.agent.slurm_services`). Checked: ``sinfo`` shows the workers as idle nodes,
 ``srun``/``sbatch`` run on them, scaling 3 -> 5 containers adds two nodes, and an ``elastrain run
 --slurm`` job in a 4-node allocation shrinks gracefully when the cluster scales back to 3 (its
-allocation shrinks with it, every sample exactly once).
+allocation shrinks with it, every sample exactly once); an ``elastrain run --slurm --max-np 4`` job in a
+2-node allocation expands its allocation onto the 2 nodes a scale 3 -> 5 adds and grows to 4 workers.
 
 One cluster serves the module; skips (with the reason) where podman cannot run or images cannot be built.
 """
@@ -19,6 +20,7 @@ import pytest
 
 from elastrain.backends.podmanctl import podman
 from elastrain.client import Client
+from elastrain.launcher.slurm import expand_hostlist
 from elastrain.report import build_report
 from tests.integration.containers import ContainerPlane, ccp, framework_image, image  # noqa: F401
 from tests.integration.test_containers import run_in, shared_storage
@@ -158,3 +160,40 @@ def test_scaling_changes_the_nodes_and_a_slurm_job_shrinks(ccp: ContainerPlane, 
     report = build_report(data / "ledger", SAMPLES)
     assert [(e["samples"], e["duplicates"], e["missing"]) for e in report["epochs"]] == [(SAMPLES, 0, 0)] * 12
     wait_for(idle(cluster, 2), 30, "the 2 staying nodes to be idle")
+
+
+def test_an_elastic_slurm_job_grows_its_allocation(ccp: ContainerPlane, cluster: Client) -> None:
+    """3 containers (2 idle nodes): ``salloc -N 2 elastrain run --slurm --min-np 2 --max-np 4`` trains
+    with 2 workers; scaling to 5 containers adds 2 idle nodes, the launcher expands its allocation onto
+    them (once, `elastrain.launcher.slurm_grow`), starts agents there and the job grows to 4 workers;
+    it finishes with every sample exactly once."""
+    if sorted(nodes(cluster)) != workers(2):
+        cluster.scale_cluster(CLUSTER, 3)
+    wait_for(idle(cluster, 2), 90, "sinfo to show 2 idle nodes")
+    data = ccp.mounts / "slm-data"
+    (data / "slow-grow").touch()
+    run = "elastrain run -v --slurm --min-np 2 --max-np 4 --ledger /data/ledger-grow"
+    run += " python /data/mnist_elastic.py"
+    train = "--epochs 4 --batch-size 200 --step-sleep 0.2 --slow-while /data/slow-grow"
+    job = cluster.submit_job(CLUSTER, ["salloc", "-N", "2", *run.split(), *train.split()])
+    world = job_world(cluster, job["id"])
+    wait_for(world(2), 60, "the job to train with 2 workers")
+    t0 = time.monotonic()
+    cluster.scale_cluster(CLUSTER, 5)
+    try:
+        wait_for(world(4), 60, "the job to grow to 4 workers")
+    except AssertionError as exc:
+        tail = cluster.job_logs(job["id"])[0][-4000:]
+        raise AssertionError(f"{exc}\n{tail}\n{diagnosis(ccp, cluster)}") from None
+    record_timing(ccp, "slurm: scale 3 -> 5 -> the job's allocation grown, 4 workers", time.monotonic() - t0)
+    count, nodelist = allocation(cluster)  # one job (the helper that brought the nodes is gone)
+    assert count == "4" and expand_hostlist(nodelist) == sorted(nodes(cluster)), (count, nodelist)
+    (data / "slow-grow").unlink()
+    done = wait_for(
+        lambda: (j := cluster.get_job(job["id"]))["status"] != "Running" and j, 60, "the job to finish"
+    )
+    log = cluster.job_logs(job["id"])[0]
+    assert (done["status"], done["exit_code"]) == ("Succeeded", 0), log[-3000:]
+    assert "formed: 4 workers (scale_out)" in log and "worker_failure" not in log, log[-3000:]
+    report = build_report(data / "ledger-grow", SAMPLES)
+    assert [(e["samples"], e["duplicates"], e["missing"]) for e in report["epochs"]] == [(SAMPLES, 0, 0)] * 4
