@@ -268,3 +268,17 @@ def test_framework_images_names_the_repo_build_makes() -> None:
         name: f"localhost/elastrain-{name}"
         for name in ("pytorch", "horovod", "deepspeed", "slurm", "megatron")
     } == catalog.FRAMEWORK_IMAGES
+
+
+def test_a_framework_no_image_holds_is_refused_with_the_build_command(
+    fake_podman: list[tuple[str, ...]], tmp_path: Path
+) -> None:
+    from elastrain.backends.container import ContainerBackend
+
+    backend = ContainerBackend(tmp_path / "data")
+    with pytest.raises(ValueError, match=r"no image holds framework 'horovod'") as refused:
+        backend.resolve_image("", "horovod")
+    assert "elastrain image build --framework horovod" in str(refused.value)
+    with pytest.raises(ValueError, match=r"holds pytorch, not deepspeed; build one with"):
+        backend.resolve_image("elastrain-pytorch", "deepspeed")
+    assert backend.resolve_image("", "pytorch") == "localhost/elastrain-pytorch:latest"
