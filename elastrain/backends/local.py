@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, Mount
-from elastrain.backends.procs import cmdline, pid_alive, pids_with_env, terminate
+from elastrain.backends.procs import cmdline, pid_alive, pids_with_args, pids_with_env, terminate
 from elastrain.backends.shm import with_shm_limit
 from elastrain.hostfile import atomic_write_text
 
@@ -110,6 +110,9 @@ class LocalBackend(Backend):
         current = self._status(root)
         if current is not None and current.alive:
             return current
+        # an init a killed server started but never recorded (it died between the two) is an orphan:
+        # stop it, or the container would run twice
+        terminate([p for p in pids_with_args("--root", str(root)) if p != (current.pid if current else None)])
         self._layout(spec, root)
         env = self.environment(spec)
         meta = {**asdict(spec), "pid": None, "started_at": time.time()}

@@ -55,6 +55,22 @@ def pids_with_env(key: str, value: str) -> list[int]:
     return found
 
 
+def pids_with_args(*args: str) -> list[int]:
+    """Every live process whose argv holds `args` as consecutive arguments (e.g. ``--root``, path)."""
+    found = []
+    me = os.getpid()
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        argv = cmdline(int(entry.name))
+        n = len(args)
+        if any(argv[i : i + n] == list(args) for i in range(len(argv) - n + 1)) and pid_alive(
+            int(entry.name)
+        ):
+            found.append(int(entry.name))
+    return found
+
+
 def terminate(pids: Iterable[int], timeout_s: float = 5.0) -> None:
     """SIGTERM each pid, wait up to `timeout_s` for them to exit (zombies count), then SIGKILL the rest."""
     pending = [p for p in set(pids) if p > 1 and p != os.getpid()]

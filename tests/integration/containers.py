@@ -6,13 +6,16 @@ import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from elastrain.backends.podmanctl import podman, podman_works
-from tests.integration.test_control_plane import ControlPlane
+from elastrain.client import Client
+from tests.integration.test_control_plane import ControlPlane, all_running, record_timing, wait_for
 
 
 def need_podman() -> None:
@@ -109,3 +112,59 @@ def ccp(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contai
     """A server on the container backend with 8 fake GPUs."""
     with container_plane(tmp_path_factory.mktemp("ccp")) as plane:
         yield plane
+
+
+@contextlib.contextmanager
+def framework_cluster(
+    plane: ContainerPlane, name: str, framework: str, containers: int, data: Path | None = None
+) -> Iterator[Client]:
+    """A cluster of `framework` (its image built first; `data` mounted at /data), deleted after."""
+    framework_image(framework)
+    args = ["cluster", "create", name, "--framework", framework, "--containers", str(containers), "--wait"]
+    if data is not None:
+        args += ["--mount", f"{data}:/data"]
+    made = plane.cli(*args)
+    assert made.returncode == 0, made.stderr
+    with plane.client() as c:
+        assert c.get_cluster(name).image.startswith(f"localhost/elastrain-{framework}")
+        yield c
+        c.delete_cluster(name)
+        c.wait_deleted(name, timeout=90)
+
+
+def follow_scale_out_and_in(
+    plane: ContainerPlane,
+    c: Client,
+    cluster: str,
+    job_id: int,
+    steps_at: Callable[[int], int],
+    sizes: tuple[int, int],
+    label: str,
+) -> tuple[dict[str, Any], str]:
+    """Drive a running restart-mode job through scale 2 -> 4 -> 2 of `cluster` and wait for its end.
+
+    `steps_at(size)` counts the job's steps at a (framework-specific) size; `sizes` are that size at
+    2 and at 4 containers. Records both resize pauses (scale -> first step at the new size); returns
+    the finished job and its log.
+    """
+    small, big = sizes
+
+    def at_least(size: int, steps: int) -> bool:
+        current = c.get_job(job_id)
+        assert current["status"] == "Running", c.job_logs(job_id)[0][-4000:]
+        return steps_at(size) >= steps
+
+    wait_for(lambda: at_least(small, 5), 180, f"5 steps at size {small}")
+    t0 = time.monotonic()
+    c.scale_cluster(cluster, 4)
+    c.wait_cluster(cluster, all_running, timeout=90)
+    wait_for(lambda: at_least(big, 1), 180, f"the first step at size {big}")
+    record_timing(plane, f"{label}: scale 2 -> 4 -> first step at {big}", time.monotonic() - t0)
+    wait_for(lambda: at_least(big, 4), 60, f"4 steps at size {big}")
+    t0 = time.monotonic()
+    before = steps_at(small)
+    c.scale_cluster(cluster, 2)
+    wait_for(lambda: at_least(small, before + 1), 180, f"a step at size {small} again")
+    record_timing(plane, f"{label}: scale 4 -> 2 -> first step at {small}", time.monotonic() - t0)
+    done = wait_for(lambda: (j := c.get_job(job_id))["status"] != "Running" and j, 300, "the job to finish")
+    return done, c.job_logs(job_id)[0]

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from elastrain.client import Client
-from tests.integration.containers import ContainerPlane, ccp, framework_image, image  # noqa: F401
+from tests.integration.containers import (  # noqa: F401
+    ContainerPlane,
+    ccp,
+    follow_scale_out_and_in,
+    framework_cluster,
+    image,
+)
 from tests.integration.test_containers import run_in, shared_storage
-from tests.integration.test_control_plane import all_running, record_timing, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 CLUSTER = "ds"
@@ -34,17 +38,8 @@ def data(ccp: ContainerPlane) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(ccp: ContainerPlane, data: Path) -> Iterator[Client]:
-    framework_image("deepspeed")
-    made = ccp.cli(
-        "cluster", "create", CLUSTER, "--framework", "deepspeed", "--containers", "2",
-        "--mount", f"{data}:/data", "--wait",
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    with ccp.client() as c:
-        assert c.get_cluster(CLUSTER).image.startswith("localhost/elastrain-deepspeed")
+    with framework_cluster(ccp, CLUSTER, "deepspeed", 2, data) as c:
         yield c
-        c.delete_cluster(CLUSTER)
-        c.wait_deleted(CLUSTER, timeout=90)
 
 
 def test_deepspeed_launcher_trains_zero2_across_containers(cluster: Client, data: Path) -> None:
@@ -103,28 +98,9 @@ def test_zero2_job_grows_and_shrinks_with_the_cluster(
         f"--epochs {EPOCHS} --checkpoint-dir /data/ckpt --sample-log /data/elastic --step-sleep 0.1"
     )
     job = cluster.submit_job(CLUSTER, command.split())
-
-    def steps_at(world: int, at_least: int) -> bool:
-        current = cluster.get_job(job["id"])
-        assert current["status"] == "Running", cluster.job_logs(job["id"])[0][-4000:]
-        return _steps_at(samples, world) >= at_least
-
-    wait_for(lambda: steps_at(2, 5), 180, "5 steps at 2 ranks")
-    t0 = time.monotonic()
-    cluster.scale_cluster(CLUSTER, 4)
-    cluster.wait_cluster(CLUSTER, all_running, timeout=90)
-    wait_for(lambda: steps_at(4, 1), 180, "the first step at 4 ranks")
-    record_timing(ccp, "deepspeed: scale 2 -> 4 -> first ZeRO-2 step at 4", time.monotonic() - t0)
-    wait_for(lambda: steps_at(4, 5), 60, "5 steps at 4 ranks")
-    t0 = time.monotonic()
-    at_two = _steps_at(samples, 2)
-    cluster.scale_cluster(CLUSTER, 2)
-    wait_for(lambda: steps_at(2, at_two + 1), 180, "a step at 2 ranks again")
-    record_timing(ccp, "deepspeed: scale 4 -> 2 -> first ZeRO-2 step at 2", time.monotonic() - t0)
-    done = wait_for(
-        lambda: (j := cluster.get_job(job["id"]))["status"] != "Running" and j, 300, "the job to finish"
+    done, log = follow_scale_out_and_in(
+        ccp, cluster, CLUSTER, job["id"], lambda world: _steps_at(samples, world), (2, 4), "deepspeed ZeRO-2"
     )
-    log = cluster.job_logs(job["id"])[0]
     assert (done["status"], done["exit_code"]) == ("Succeeded", 0), log[-4000:]
     resumes = re.findall(r"resumed step=\d+ .* from dp=(\d) to dp=(\d) universal=(\w+)", log)
     assert resumes == [("2", "4", "True"), ("4", "2", "True")], log[-4000:]

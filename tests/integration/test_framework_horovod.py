@@ -8,13 +8,15 @@ One cluster serves the module; skips where podman cannot run.
 # ruff: noqa: F811 - `ccp` and `image` are fixtures imported by name
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from elastrain.client import Client
-from tests.integration.containers import ContainerPlane, ccp, framework_image, image  # noqa: F401
+from tests.integration.containers import ContainerPlane, ccp, framework_cluster, image  # noqa: F401
 from tests.integration.test_containers import run_in, shared_storage
 from tests.integration.test_control_plane import all_running, job_world, record_timing, wait_for
 
@@ -24,19 +26,14 @@ EXAMPLE = "/opt/elastrain/examples/horovod_mnist_elastic.py"
 
 
 @pytest.fixture(scope="module")
-def cluster(ccp: ContainerPlane) -> Iterator[Client]:
-    framework_image("horovod")
-    data = shared_storage(ccp, "hv-data")
-    made = ccp.cli(
-        "cluster", "create", CLUSTER, "--framework", "horovod", "--containers", "2",
-        "--mount", f"{data}:/data", "--wait",
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    with ccp.client() as c:
-        assert c.get_cluster(CLUSTER).image.startswith("localhost/elastrain-horovod")
+def data(ccp: ContainerPlane) -> Path:
+    return shared_storage(ccp, "hv-data")
+
+
+@pytest.fixture(scope="module")
+def cluster(ccp: ContainerPlane, data: Path) -> Iterator[Client]:
+    with framework_cluster(ccp, CLUSTER, "horovod", 2, data) as c:
         yield c
-        c.delete_cluster(CLUSTER)
-        c.wait_deleted(CLUSTER, timeout=60)
 
 
 def test_horovodrun_runs_horovods_elastic_example(cluster: Client) -> None:
@@ -70,10 +67,17 @@ def test_horovodrun_refuses_what_it_cannot_do(cluster: Client) -> None:
     assert out.strip() == "0", out
 
 
-def test_running_horovodrun_job_grows_with_the_cluster(ccp: ContainerPlane, cluster: Client) -> None:
+def test_running_horovodrun_job_grows_with_the_cluster(
+    ccp: ContainerPlane, cluster: Client, data: Path
+) -> None:
     """An elastic horovodrun job (--min-np 2 --max-np 4 on the hostfile) takes in the 2 new containers
-    of a 2 -> 4 scale without restarting its workers, and finishes."""
-    command = f"horovodrun --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile python {EXAMPLE} --epochs 6"
+    of a 2 -> 4 scale without restarting its workers, and finishes, every sample once per epoch."""
+    slow = data / "slow"
+    slow.touch()  # the batches are slowed while it exists: the job is still training when 4 join
+    command = (
+        f"horovodrun --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile python {EXAMPLE} --epochs 3 "
+        "--batch-sleep 0.1 --slow-while /data/slow"
+    )
     job = cluster.submit_job(CLUSTER, command.split())
     world = job_world(cluster, job["id"])
     wait_for(world(2), 120, "the job to train with 2 workers")
@@ -82,9 +86,13 @@ def test_running_horovodrun_job_grows_with_the_cluster(ccp: ContainerPlane, clus
     cluster.wait_cluster(CLUSTER, all_running, timeout=60)
     wait_for(world(4), 120, "the horovodrun job to grow to 4 workers")
     record_timing(ccp, "horovod: scale 2 -> 4 -> training at 4", time.monotonic() - t0)
+    slow.unlink()
     done = wait_for(
         lambda: (j := cluster.get_job(job["id"]))["status"] != "Running" and j, 300, "the job to finish"
     )
-    assert (done["status"], done["exit_code"]) == ("Succeeded", 0), cluster.job_logs(job["id"])[0][-3000:]
+    log = cluster.job_logs(job["id"])[0]
+    assert (done["status"], done["exit_code"]) == ("Succeeded", 0), log[-3000:]
+    assert "duplicates=0 missing=0 exactly_once=True" in log, log[-3000:]
+    assert re.search(r"\n\s+\d+\s+scale_out\s+4\s", log), log[-1500:]
     cluster.scale_cluster(CLUSTER, 2)
     cluster.wait_cluster(CLUSTER, lambda cl: all_running(cl) and len(cl.containers) == 2, timeout=60)

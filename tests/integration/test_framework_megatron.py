@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from elastrain.client import Client
-from tests.integration.containers import ContainerPlane, ccp, framework_image, image  # noqa: F401
+from tests.integration.containers import (  # noqa: F401
+    ContainerPlane,
+    ccp,
+    follow_scale_out_and_in,
+    framework_cluster,
+    image,
+)
 from tests.integration.test_containers import run_in, shared_storage
-from tests.integration.test_control_plane import all_running, record_timing, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 CLUSTER = "mg"
@@ -35,17 +39,8 @@ def data(ccp: ContainerPlane) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(ccp: ContainerPlane, data: Path) -> Iterator[Client]:
-    framework_image("megatron")
-    made = ccp.cli(
-        "cluster", "create", CLUSTER, "--framework", "megatron", "--containers", "2",
-        "--mount", f"{data}:/data", "--wait",
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    with ccp.client() as c:
-        assert c.get_cluster(CLUSTER).image.startswith("localhost/elastrain-megatron")
+    with framework_cluster(ccp, CLUSTER, "megatron", 2, data) as c:
         yield c
-        c.delete_cluster(CLUSTER)
-        c.wait_deleted(CLUSTER, timeout=90)
 
 
 def sequence_ids(samples: Path) -> list[int]:
@@ -85,28 +80,15 @@ def test_job_follows_scale_2_to_4_and_back(ccp: ContainerPlane, cluster: Client,
         f"--steps {steps} --checkpoint-dir /data/ckpt --sample-log /data/elastic --step-sleep 0.2"
     )
     job = cluster.submit_job(CLUSTER, command.split())
-
-    def steps_at(dp: int, at_least: int) -> bool:
-        current = cluster.get_job(job["id"])
-        assert current["status"] == "Running", cluster.job_logs(job["id"])[0][-4000:]
-        return _steps_at(samples, dp) >= at_least
-
-    wait_for(lambda: steps_at(1, 5), 180, "5 steps at DP 1")
-    t0 = time.monotonic()
-    cluster.scale_cluster(CLUSTER, 4)
-    cluster.wait_cluster(CLUSTER, all_running, timeout=90)
-    wait_for(lambda: steps_at(2, 1), 180, "the first step at DP 2")
-    record_timing(ccp, "megatron: scale 2 -> 4 -> first TP2xDP2 step", time.monotonic() - t0)
-    wait_for(lambda: steps_at(2, 4), 60, "4 steps at DP 2")
-    t0 = time.monotonic()
-    at_one = _steps_at(samples, 1)
-    cluster.scale_cluster(CLUSTER, 2)
-    wait_for(lambda: steps_at(1, at_one + 1), 180, "a step at DP 1 again")
-    record_timing(ccp, "megatron: scale 4 -> 2 -> first TP2xDP1 step", time.monotonic() - t0)
-    done = wait_for(
-        lambda: (j := cluster.get_job(job["id"]))["status"] != "Running" and j, 300, "the job to finish"
+    done, log = follow_scale_out_and_in(
+        ccp,
+        cluster,
+        CLUSTER,
+        job["id"],
+        lambda dp: _steps_at(samples, dp),
+        (1, 2),
+        "megatron (DP)",
     )
-    log = cluster.job_logs(job["id"])[0]
     assert (done["status"], done["exit_code"]) == ("Succeeded", 0), log[-4000:]
     resumes = re.findall(r"resumed step=\d+ from dp=(\d) to dp=(\d)", log)
     assert resumes == [("1", "2"), ("2", "1")], log[-4000:]
