@@ -4,22 +4,31 @@ No ``from __future__ import annotations`` here: FastAPI must see the route annot
 because the auth dependency is a closure over the app's `Services`.
 """
 
+import hmac
 import logging
+import re
+from collections.abc import Callable, Mapping
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from elastrain.db.models import User
+from elastrain.db.models import Job, User
+from elastrain.db.repository import hash_token
 from elastrain.server import schemas
 from elastrain.server.errors import ApiError, Unauthorized
 from elastrain.server.jobs import JobService
+from elastrain.server.limits import BodyLimitMiddleware, bearer_token, resolve_max_body_bytes
+from elastrain.server.schemas import MAX_DB_INT
 from elastrain.server.services import Services
 
 log = logging.getLogger("elastrain.server")
+_JOB_TOKEN_ROUTE = re.compile(r"^/api/v1/jobs/([0-9]{1,19})/(?:progress|incidents)$")
+_ATTACH_ROUTE = "/api/v1/jobs/attach"
+JobId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="a job id")]
 _bearer = HTTPBearer(auto_error=False, description="an API token (elastrain user create; DATA/admin-token)")
 
 
@@ -35,8 +44,44 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-def create_app(services: Services, jobs: JobService) -> FastAPI:
-    """The app with every route and error handler wired to `services`."""
+def body_authorizer(services: Services, jobs: JobService) -> Callable[[str, Mapping[str, str]], bool]:
+    """Whether a request may send a body: the same token lookups as the routes' own authentication.
+
+    A valid bearer token (`Services.authenticate`, the auth dependency's lookup) opens every route;
+    a job's report token opens its own progress/incidents routes; an attach token opens /jobs/attach.
+    """
+
+    def authorized(path: str, headers: Mapping[str, str]) -> bool:
+        token = bearer_token(headers)
+        if token is not None:
+            with services.db.session() as session:
+                if services.authenticate(session, token) is not None:
+                    return True
+        match = _JOB_TOKEN_ROUTE.match(path)
+        job_token = headers.get("x-job-token", "")
+        if match is not None and job_token:
+            job_id = int(match.group(1))
+            if not 1 <= job_id <= MAX_DB_INT:
+                return False
+            with services.db.session() as session:
+                job = session.get(Job, job_id)
+                stored = job.report_token_hash if job is not None else None
+            return stored is not None and hmac.compare_digest(stored, hash_token(job_token))
+        attach_token = headers.get("x-attach-token", "")
+        if path == _ATTACH_ROUTE and attach_token:
+            with jobs._attach_lock:  # the lookup JobService.attach does
+                return hash_token(attach_token) in jobs._attach_tokens
+        return False
+
+    return authorized
+
+
+def create_app(services: Services, jobs: JobService, *, max_body_bytes: int | None = None) -> FastAPI:
+    """The app with every route and error handler wired to `services`.
+
+    `max_body_bytes`: the request-body cap (default ``$ELASTRAIN_MAX_BODY_BYTES``, else 1 MiB); bodies
+    under ``/api/`` are refused (401) before they are read unless the request carries a valid token.
+    """
     app = FastAPI(
         title="elastrain control plane", version="0.1.0", docs_url="/docs", openapi_url="/openapi.json"
     )
@@ -51,7 +96,10 @@ def create_app(services: Services, jobs: JobService) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
+        response = _error(exc.status_code, str(exc.detail))
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
 
     @app.exception_handler(Exception)
     async def _internal(_request: Request, exc: Exception) -> JSONResponse:
@@ -176,17 +224,19 @@ def create_app(services: Services, jobs: JobService) -> FastAPI:
         return jobs.list(user, cluster)
 
     @api.get("/jobs/{job_id}", response_model=schemas.JobOut, responses=errors, tags=["jobs"])
-    def get_job(job_id: int, user: Caller) -> schemas.JobOut:
+    def get_job(job_id: JobId, user: Caller) -> schemas.JobOut:
         """A job with its status and last progress."""
         return jobs.get(user, job_id)
 
     @api.delete("/jobs/{job_id}", response_model=schemas.JobOut, responses=errors, tags=["jobs"])
-    def cancel_job(job_id: int, user: Caller) -> schemas.JobOut:
+    def cancel_job(job_id: JobId, user: Caller) -> schemas.JobOut:
         """Stop a running job."""
         return jobs.cancel(user, job_id)
 
     @api.get("/jobs/{job_id}/logs", responses=errors, tags=["jobs"])
-    def job_logs(job_id: int, user: Caller, offset: int = 0) -> Response:
+    def job_logs(
+        job_id: JobId, user: Caller, offset: Annotated[int, Query(ge=0, le=MAX_DB_INT)] = 0
+    ) -> Response:
         """Log bytes from `offset`; headers X-Next-Offset and X-Job-Status tell how to continue."""
         data, next_offset, status = jobs.logs(user, job_id, offset)
         headers = {"X-Next-Offset": str(next_offset), "X-Job-Status": status}
@@ -198,13 +248,13 @@ def create_app(services: Services, jobs: JobService) -> FastAPI:
         responses=errors,
         tags=["jobs"],
     )
-    def job_checkpoints(job_id: int, user: Caller) -> list[schemas.CheckpointOut]:
+    def job_checkpoints(job_id: JobId, user: Caller) -> list[schemas.CheckpointOut]:
         """The checkpoints the job published (with --checkpoint-dir), newest first."""
         return list(jobs.checkpoints(user, job_id))
 
     @api.post("/jobs/{job_id}/progress", status_code=204, responses=errors, tags=["jobs"])
     def report_progress(
-        job_id: int, progress: schemas.JobProgress, x_job_token: Annotated[str, Header()] = ""
+        job_id: JobId, progress: schemas.JobProgress, x_job_token: Annotated[str, Header()] = ""
     ) -> Response:
         """A job reports step/epoch/loss/samples_per_s/world_size (auth: its X-Job-Token)."""
         jobs.report(job_id, x_job_token, progress)
@@ -219,18 +269,24 @@ def create_app(services: Services, jobs: JobService) -> FastAPI:
 
     @api.post("/jobs/{job_id}/incidents", status_code=204, responses=errors, tags=["jobs"])
     def report_incident(
-        job_id: int, incident: schemas.JobIncident, x_job_token: Annotated[str, Header()] = ""
+        job_id: JobId, incident: schemas.JobIncident, x_job_token: Annotated[str, Header()] = ""
     ) -> Response:
         """`elastrain run` reports a generation change: cause, detect/recover times, steps lost."""
         jobs.record_incident(job_id, x_job_token, incident)
         return Response(status_code=204)
 
     @api.get("/jobs/{job_id}/events", response_model=list[schemas.EventOut], responses=errors, tags=["jobs"])
-    def job_events(job_id: int, user: Caller) -> list[schemas.EventOut]:
+    def job_events(job_id: JobId, user: Caller) -> list[schemas.EventOut]:
         """The job's events: submitted, every incident (generation change), cancelled."""
         return list(jobs.events(user, job_id))
 
     app.include_router(api)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=resolve_max_body_bytes(max_body_bytes),
+        authorized=body_authorizer(services, jobs),
+        error=_error,
+    )
     from elastrain.portal import mount_portal  # the web portal at /
 
     mount_portal(app, services, jobs)

@@ -50,6 +50,13 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         help="longest wait for a scaled-down container's workers to leave (their jobs' progress reports "
         "show when they have; a container no job trains on goes at once)",
     )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="largest request body accepted (413 above it; default: $ELASTRAIN_MAX_BODY_BYTES, else 1 MiB)",
+    )
     p.add_argument("--reconcile-interval", type=float, default=0.5, help="seconds between reconcile passes")
     p.add_argument("-v", "--verbose", action="store_true", help="log reconciler decisions and requests")
 
@@ -142,6 +149,7 @@ def run_server(args: argparse.Namespace) -> int:
     from elastrain.db.session import Database
     from elastrain.server.app import create_app
     from elastrain.server.jobs import JobService
+    from elastrain.server.limits import resolve_max_body_bytes
     from elastrain.server.membership import JobMembership
     from elastrain.server.reconciler import Reconciler
     from elastrain.server.services import Services
@@ -152,6 +160,7 @@ def run_server(args: argparse.Namespace) -> int:
         raise ConfigError("--gpus must be >= 0")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a port number")
+    max_body_bytes = resolve_max_body_bytes(getattr(args, "max_body_bytes", None))
     _check_port_free(args.host, args.port)
     data_dir = args.data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -183,7 +192,7 @@ def run_server(args: argparse.Namespace) -> int:
     jobs = JobService(db, backend, inventory, report_url=f"http://{local}:{args.port}", membership=membership)
     reconciler.hooks.append(jobs.poll)
     services.attach_env = jobs.attach_env
-    app = create_app(services, jobs)
+    app = create_app(services, jobs, max_body_bytes=max_body_bytes)
     kind = "real" if inventory.real else "virtual"
     print(f"elastrain server: {url} (API {url}/api/v1, docs {url}/docs)", flush=True)
     print(

@@ -9,6 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from elastrain.rendezvous.api import Cause
 
+MAX_DB_INT = 2**63 - 1
+"""The largest integer a database column holds (64-bit signed): larger ids/offsets are a 422, not a 500."""
+Count = Annotated[int, Field(ge=0, le=MAX_DB_INT)]
+"""A non-negative integer stored in the database (step, epoch, bytes, ...)."""
+DbInt = Annotated[int, Field(ge=-MAX_DB_INT - 1, le=MAX_DB_INT)]
+"""Any integer a 64-bit database column holds."""
+
 
 class ErrorOut(BaseModel):
     """Every refusal: a message that says what to fix, and the HTTP status."""
@@ -159,10 +166,10 @@ class CheckpointReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     path: str = Field(min_length=1, max_length=4096)
-    step: int = Field(ge=0)
-    epoch: int = Field(ge=0)
+    step: Count
+    epoch: Count
     world_size: int = Field(ge=0, le=1_000_000)
-    bytes: int = Field(ge=0)
+    bytes: Count
     write_s: float = Field(ge=0)
 
 
@@ -176,11 +183,11 @@ class JobProgress(BaseModel):
     """A progress report from a running job (every field optional)."""
 
     model_config = ConfigDict(extra="forbid")
-    step: int | None = None
-    epoch: int | None = None
+    step: DbInt | None = None
+    epoch: DbInt | None = None
     loss: float | None = None
     samples_per_s: float | None = None
-    world_size: int | None = None
+    world_size: int | None = Field(default=None, ge=0, le=1_000_000)
     hosts: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] | None = Field(
         default=None, max_length=4096, description="the hosts the job trains on now (drains wait for it)"
     )
@@ -209,14 +216,14 @@ class JobIncident(BaseModel):
     """A generation change of a running job, as `elastrain run` records it (see rendezvous.incidents)."""
 
     model_config = ConfigDict(extra="forbid")
-    generation: int = Field(ge=0)
+    generation: Count
     cause: Cause
-    world_size: int = Field(ge=0)
-    start_step: int = Field(ge=0)
-    steps_lost: int = Field(ge=0)
+    world_size: int = Field(ge=0, le=1_000_000)
+    start_step: Count
+    steps_lost: Count
     detect_s: float = Field(ge=0)
     recover_s: float | None = Field(default=None, ge=0)
-    samples_replayed: int | None = Field(default=None, ge=0)
+    samples_replayed: Count | None = None
     fault_at: float | None = None
     detected_at: float | None = None
     formed_at: float | None = None
