@@ -3,7 +3,10 @@
 Inputs are events (an agent or worker connected, asked to join, left, finished, exited; the host
 list changed; time passed). Each is applied under one lock, then `GenerationMachine._reconcile`
 (generations.py) decides what to do next: spawn workers, announce a pending generation, form the
-next generation, end the job. Agents and workers talk to it over `wire.RpcServer`.
+next generation, end the job. Agents and workers talk to it over `wire.RpcServer`, which authenticates
+them within a deadline, caps connections and frames, and checks every message against `schema.py`
+before a handler sees it; a peer whose message is malformed, or whose handler raises, is disconnected
+and cleaned up by `_on_close` like any other.
 
 How a worker's end is read (both modes; restart mode's side is in ``elastrain/agent/restart.py``):
 
@@ -38,6 +41,7 @@ from elastrain.hostfile import Hostfile
 from elastrain.rendezvous.api import Cause, WorkerState
 from elastrain.rendezvous.generations import GenerationMachine
 from elastrain.rendezvous.records import LIVE, MEMBER, CoordinatorConfig, WorkerRecord
+from elastrain.rendezvous.schema import validate
 from elastrain.rendezvous.wire import Message, Peer, RpcServer
 
 log = logging.getLogger("elastrain.coordinator")
@@ -57,7 +61,15 @@ class Coordinator(GenerationMachine):
     ) -> None:
         super().__init__(config, store_address, start_agent)
         self._lock = threading.RLock()
-        self.server = RpcServer(bind_host, port, token, self._on_message, self._on_close)
+        self.server = RpcServer(
+            bind_host,
+            port,
+            token,
+            self._on_message,
+            self._on_close,
+            validate=validate,
+            **config.connection_limits(),
+        )
         self.address = self.server.address
         self._stop = threading.Event()
         threading.Thread(target=self._tick_loop, name="elastrain-coord-tick", daemon=True).start()
@@ -276,23 +288,30 @@ class Coordinator(GenerationMachine):
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(0.1):
-            with self._lock:
-                now = time.monotonic()
-                for worker in self.workers.values():
-                    if (
-                        worker.state in MEMBER
-                        and worker.peer is not None
-                        and now - worker.last_seen > self.config.heartbeat_timeout_s
-                    ):
-                        log.warning(
-                            "worker %s missed heartbeats for %.0fs", worker.worker_id, now - worker.last_seen
-                        )
-                        self._fault_at = time.time() - (now - worker.last_seen)
-                        fenced_from = self.generation.number if self.generation is not None else 0
-                        self._mark_dead(worker, Cause.HEARTBEAT_LOSS)
-                        if worker.peer is not None:
-                            worker.peer.push("fenced", reason="missed heartbeats", generation=fenced_from + 1)
-                self._reconcile()
+            try:
+                self._tick()
+            except Exception:  # one bad tick must not stop the timer for the rest of the job
+                log.exception("coordinator tick failed")
+
+    def _tick(self) -> None:
+        """Drop members that missed their heartbeats, then reconcile."""
+        with self._lock:
+            now = time.monotonic()
+            for worker in self.workers.values():
+                if (
+                    worker.state in MEMBER
+                    and worker.peer is not None
+                    and now - worker.last_seen > self.config.heartbeat_timeout_s
+                ):
+                    log.warning(
+                        "worker %s missed heartbeats for %.0fs", worker.worker_id, now - worker.last_seen
+                    )
+                    self._fault_at = time.time() - (now - worker.last_seen)
+                    fenced_from = self.generation.number if self.generation is not None else 0
+                    self._mark_dead(worker, Cause.HEARTBEAT_LOSS)
+                    if worker.peer is not None:
+                        worker.peer.push("fenced", reason="missed heartbeats", generation=fenced_from + 1)
+            self._reconcile()
 
     def abort(self, message: str) -> None:
         """End the job as failed (the launcher was interrupted)."""

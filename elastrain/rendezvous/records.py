@@ -36,6 +36,30 @@ class CoordinatorConfig:
     adopt: bool = False  # a restarted coordinator: adopt the agents and workers that reconnect
     adopt_grace_s: float = 5.0
     run_id: str = ""
+    # limits on the coordinator's connections (0: sized from max_np; see `wire` and `connection_limits`)
+    max_connections: int = 0
+    max_unauthenticated: int = 0
+    hello_timeout_s: float = 5.0  # the hello must arrive whole within this, or the connection is closed
+    max_frame_bytes: int = 0
+
+    def connection_limits(self) -> dict[str, Any]:
+        """The `RpcServer` limits for this job.
+
+        A hello is small (an identity and the token) except a worker's after a coordinator restart,
+        which carries its generation (about 150 bytes a member; 1 KiB allowed for long host names).
+        Later frames are capped at 8 MiB (tracebacks and output tails are the largest) or the hello's
+        cap if larger. Each worker and each agent holds one connection (restart mode: the slot too);
+        at most `max_np` of them may be saying hello at once when a job starts.
+        """
+        ranks = min(max(self.max_np, 1), 1 << 16)
+        hello = 64 * 1024 + 1024 * ranks
+        return {
+            "max_connections": self.max_connections or max(1024, 4 * ranks + 64),
+            "max_unauthenticated": self.max_unauthenticated or max(64, 2 * ranks),
+            "hello_timeout_s": self.hello_timeout_s,
+            "max_hello_bytes": hello,
+            "max_frame_bytes": self.max_frame_bytes or max(8 * 1024 * 1024, hello),
+        }
 
 
 @dataclass

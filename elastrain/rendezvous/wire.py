@@ -4,16 +4,28 @@ Each frame is a 4-byte big-endian length followed by a UTF-8 JSON object. A requ
 its reply carries ``reply_to`` with that id and may be sent later (the coordinator holds a ``join``
 until the next generation forms). Frames without ``reply_to`` sent by the server are pushes.
 The first frame on every connection is ``hello`` with the job token; anything else is dropped.
+
+The server side is built to survive peers that do not hold the token: the hello must arrive whole
+within `hello_timeout_s` and be at most `max_hello_bytes` (a longer length prefix closes the connection
+before a byte of its body is read), the token is compared in constant time, connections above
+`max_connections` (and unauthenticated ones above `max_unauthenticated`) are closed as they are
+accepted, and bodies are read in chunks as they arrive, never allocated from the length prefix.
+After the hello there is no read timeout (an agent may say nothing for the whole job), frames are
+capped at `max_frame_bytes`, every message may be checked by `validate`, and a message that fails it,
+or whose handler raises, ends that connection; `on_close` runs for every authenticated connection,
+however it ends.
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import json
 import logging
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +35,13 @@ log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 _HEADER = struct.Struct(">I")
-_MAX_FRAME = 64 * 1024 * 1024
+_MAX_FRAME = 64 * 1024 * 1024  # what a client accepts from the coordinator (it trusts its server)
+_CHUNK = 1024 * 1024
+MAX_HELLO_BYTES = 64 * 1024
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+HELLO_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 1024
+MAX_UNAUTHENTICATED = 64
 
 
 class Connection:
@@ -33,7 +51,6 @@ class Connection:
         self.sock = sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._send_lock = threading.Lock()
-        self._rfile = sock.makefile("rb")
         self.closed = False
 
     def send(self, msg: Message) -> bool:
@@ -47,22 +64,47 @@ class Connection:
             self.close()
             return False
 
-    def recv(self) -> Message | None:
-        """Read one message; None on EOF or a broken connection."""
+    def _read(self, size: int, deadline: float | None) -> bytes | None:
+        """Exactly `size` bytes, read in chunks as they arrive; None on EOF, error or the deadline."""
+        chunks: list[bytes] = []
+        left = size
+        while left > 0:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self.sock.settimeout(remaining)
+            chunk = self.sock.recv(min(left, _CHUNK))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def recv(self, max_frame: int = _MAX_FRAME, deadline: float | None = None) -> Message | None:
+        """Read one message; None on EOF, a broken connection, a frame over `max_frame` bytes, a body
+        that is not a JSON object, or (with `deadline`, a `time.monotonic()` value) a frame that is not
+        whole by then."""
         try:
-            header = self._rfile.read(_HEADER.size)
-            if len(header) < _HEADER.size:
+            header = self._read(_HEADER.size, deadline)
+            if header is None:
                 return None
             (length,) = _HEADER.unpack(header)
-            if length > _MAX_FRAME:
-                return None
-            body = self._rfile.read(length)
-            if len(body) < length:
+            if length > max_frame:
+                return None  # refused from the prefix alone: nothing of the body is read
+            body = self._read(length, deadline)
+            if body is None:
                 return None
             msg = json.loads(body)
             return msg if isinstance(msg, dict) else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
+        finally:
+            if deadline is not None and not self.closed:
+                try:
+                    self.sock.settimeout(None)
+                except OSError:
+                    pass
 
     def close(self) -> None:
         """Close the socket (idempotent)."""
@@ -180,7 +222,10 @@ class RpcServer:
     """Server side: accepts connections, authenticates ``hello``, hands every message to a handler.
 
     The handler gets ``(peer, message)`` and replies through ``peer.reply(message, **fields)``,
-    now or later. ``on_close(peer)`` runs once when a connection ends.
+    now or later. ``on_close(peer)`` runs once when an authenticated connection ends, however it
+    ends. ``validate(message)`` (optional) returns None for a well-formed message, else a reason:
+    a hello that fails it is refused, a later message that fails it is answered with the reason and
+    its connection closed. The limits are described in this module's docstring.
     """
 
     def __init__(
@@ -190,46 +235,138 @@ class RpcServer:
         token: str,
         on_message: Callable[[Peer, Message], None],
         on_close: Callable[[Peer], None],
+        *,
+        validate: Callable[[Message], str | None] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        max_unauthenticated: int = MAX_UNAUTHENTICATED,
+        hello_timeout_s: float = HELLO_TIMEOUT_S,
+        max_hello_bytes: int = MAX_HELLO_BYTES,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         self.token = token
+        self._token = token.encode()
         self._on_message = on_message
         self._on_close = on_close
+        self._validate = validate
+        self.max_connections = max_connections
+        self.max_unauthenticated = max_unauthenticated
+        self.hello_timeout_s = hello_timeout_s
+        self.max_hello_bytes = max_hello_bytes
+        self.max_frame_bytes = max_frame_bytes
         self._listener = socket.create_server((host, port), reuse_port=False, backlog=256)
         self.address = f"{host}:{self._listener.getsockname()[1]}"
         self._stopped = False
         self._peers: set[Peer] = set()
+        self._open = 0  # connections with a thread (authenticated or not)
+        self._unauthenticated = 0
+        self.refused = 0  # connections closed at once because a cap was reached
         self._lock = threading.Lock()
         threading.Thread(target=self._accept_loop, name="elastrain-accept", daemon=True).start()
+
+    @property
+    def open_connections(self) -> tuple[int, int]:
+        """(connections being served, of which not yet authenticated)."""
+        with self._lock:
+            return self._open, self._unauthenticated
 
     def _accept_loop(self) -> None:
         while not self._stopped:
             try:
                 sock, _ = self._listener.accept()
             except OSError:
-                return
-            peer = Peer(Connection(sock))
-            threading.Thread(target=self._serve, args=(peer,), name="elastrain-peer", daemon=True).start()
+                if self._stopped:
+                    return
+                time.sleep(0.05)  # e.g. out of file descriptors: do not spin, do not stop serving
+                continue
+            with self._lock:
+                full = self._open >= self.max_connections or self._unauthenticated >= self.max_unauthenticated
+                if not full:
+                    self._open += 1
+                    self._unauthenticated += 1
+                else:
+                    self.refused += 1
+            if full:
+                if self.refused in (1, 10, 100, 1000) or self.refused % 10000 == 0:
+                    log.warning("connection cap reached: %d connections refused so far", self.refused)
+                sock.close()
+                continue
+            try:
+                peer = Peer(Connection(sock))
+                threading.Thread(target=self._serve, args=(peer,), name="elastrain-peer", daemon=True).start()
+            except (OSError, RuntimeError):  # reset before we got to it, or no thread to be had
+                sock.close()
+                with self._lock:
+                    self._open -= 1
+                    self._unauthenticated -= 1
+
+    def _check_hello(self, hello: Message | None) -> str | None:
+        if hello is None:
+            return "no hello"
+        token = hello.get("token")
+        if (
+            hello.get("type") != "hello"
+            or not isinstance(token, str)
+            or not hmac.compare_digest(token.encode(), self._token)
+        ):
+            return "bad job token"
+        return self._validate(hello) if self._validate is not None else None
 
     def _serve(self, peer: Peer) -> None:
-        hello = peer.conn.recv()
-        if hello is None or hello.get("type") != "hello" or hello.get("token") != self.token:
-            if hello is not None:
-                peer.reply(hello, ok=False, error="bad job token")
+        authenticated = False
+        try:
+            deadline = time.monotonic() + self.hello_timeout_s
+            hello = peer.conn.recv(self.max_hello_bytes, deadline=deadline)
+            refused = self._check_hello(hello)
+            if refused is not None:
+                if hello is not None:
+                    peer.conn.sock.settimeout(1.0)  # never wait on a peer that does not read
+                    peer.reply(hello, ok=False, error=refused)
+                return
+            assert hello is not None
+            peer.info = {k: v for k, v in hello.items() if k not in ("token", "id", "type")}
+            with self._lock:
+                self._unauthenticated -= 1
+                self._peers.add(peer)
+                authenticated = True
+            if not self._dispatch(peer, hello):
+                return
+            while not peer.conn.closed:
+                msg = peer.conn.recv(self.max_frame_bytes)
+                if msg is None:
+                    break
+                if msg.get("type") == "hello":
+                    peer.reply(msg, ok=False, error="already greeted")
+                    break
+                reason = self._validate(msg) if self._validate is not None else None
+                if reason is not None:
+                    log.warning("dropping %s: malformed %r message (%s)", peer.name, msg.get("type"), reason)
+                    peer.reply(msg, ok=False, error=f"malformed message: {reason}")
+                    break
+                if not self._dispatch(peer, msg):
+                    break
+        finally:
             peer.conn.close()
-            return
-        peer.info = {k: v for k, v in hello.items() if k not in ("token", "id", "type")}
-        with self._lock:
-            self._peers.add(peer)
-        self._on_message(peer, hello)
-        while True:
-            msg = peer.conn.recv()
-            if msg is None:
-                break
+            with self._lock:
+                self._open -= 1
+                if authenticated:
+                    self._peers.discard(peer)
+                else:
+                    self._unauthenticated -= 1
+            if authenticated:
+                try:
+                    self._on_close(peer)
+                except Exception:
+                    log.exception("cleaning up after %s failed", peer.name)
+
+    def _dispatch(self, peer: Peer, msg: Message) -> bool:
+        """Hand `msg` to the handler; False (the connection ends) when the handler raised."""
+        try:
             self._on_message(peer, msg)
-        peer.conn.close()
-        with self._lock:
-            self._peers.discard(peer)
-        self._on_close(peer)
+            return True
+        except Exception:
+            log.exception("handling %r from %s failed; closing its connection", msg.get("type"), peer.name)
+            peer.reply(msg, ok=False, error="internal error handling this message")
+            return False
 
     def close(self) -> None:
         """Stop accepting and close every connection."""
@@ -251,6 +388,12 @@ class Peer:
             self.address = str(conn.sock.getpeername()[0])
         except OSError:
             self.address = ""
+
+    @property
+    def name(self) -> str:
+        """Who this is, for logs."""
+        who = self.info.get("worker_id") or self.info.get("host") or "unauthenticated peer"
+        return f"{who} ({self.address})"
 
     def reply(self, request: Message, **fields: Any) -> bool:
         """Answer `request` (matched by its id)."""
