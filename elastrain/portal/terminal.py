@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import shutil
 import signal
 import struct
@@ -27,6 +28,82 @@ if TYPE_CHECKING:
 
 READ_CHUNK = 65536
 SCROLLBACK_BYTES = 256 * 1024  # replayed to a tab that (re)connects
+INPUT_BUFFER_BYTES = 256 * 1024  # typed/pasted input not yet taken by the shell, per terminal
+
+
+def set_nonblocking(fd: int) -> None:
+    """Put `fd` in non-blocking mode (a write that would block raises instead of waiting)."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+
+class PtyWriter:
+    """Writes input to a non-blocking fd from the event loop without ever blocking it.
+
+    What the fd does not take at once is buffered and written when the loop reports the fd writable
+    (``loop.add_writer``). The buffer is bounded: `write` waits while it holds more than `limit`
+    bytes, so a caller reading a WebSocket stops reading it (backpressure on that socket only; every
+    other request is served meanwhile). After the fd fails (the shell is gone) input is dropped.
+    """
+
+    def __init__(self, fd: int, limit: int = INPUT_BUFFER_BYTES) -> None:
+        self.fd = fd
+        self.limit = limit
+        self._buffer = bytearray()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watching = False
+        self._room = asyncio.Event()
+        self._room.set()
+        self.failed = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes accepted but not yet written."""
+        return len(self._buffer)
+
+    async def write(self, data: bytes) -> None:
+        """Queue `data`; returns once the buffer is back under the limit (never blocks the loop)."""
+        if self.failed or not data:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._buffer += data
+        self._flush()
+        while len(self._buffer) > self.limit and not self.failed:
+            self._room.clear()
+            await self._room.wait()
+
+    def _flush(self) -> None:
+        while self._buffer:
+            try:
+                written = os.write(self.fd, self._buffer[:READ_CHUNK])
+            except BlockingIOError:
+                break
+            except InterruptedError:
+                continue
+            except OSError:  # EIO/EBADF: the shell is gone; drop what it will never read
+                self.failed = True
+                self._buffer.clear()
+                break
+            del self._buffer[:written]
+        if self._buffer and not self._watching and self._loop is not None:
+            self._loop.add_writer(self.fd, self._flush)
+            self._watching = True
+        elif not self._buffer and self._watching:
+            self._stop_watching()
+        if len(self._buffer) <= self.limit:
+            self._room.set()
+
+    def _stop_watching(self) -> None:
+        if self._watching and self._loop is not None:
+            with contextlib.suppress(Exception):  # the loop is closing or the fd already gone
+                self._loop.remove_writer(self.fd)
+        self._watching = False
+
+    def close(self) -> None:
+        """Stop writing (the tab went away or the shell exited); unblock a waiting `write`."""
+        self._stop_watching()
+        self._buffer.clear()
+        self.failed = True
+        self._room.set()
 
 
 @dataclass(frozen=True)
@@ -68,6 +145,7 @@ class TerminalSession:
     def __init__(self, proc: subprocess.Popen[bytes], master: int) -> None:
         self.proc = proc
         self.master = master
+        set_nonblocking(master)  # input is written from the event loop: it must never block there
         self._lock = threading.Lock()
         self._scrollback = bytearray()
         self._subscriber: tuple[asyncio.AbstractEventLoop, asyncio.Queue[bytes]] | None = None
@@ -116,6 +194,12 @@ class TerminalSession:
         while True:
             try:
                 data = os.read(self.master, READ_CHUNK)
+            except BlockingIOError:  # the fd is non-blocking (for the writer): wait until readable
+                with contextlib.suppress(OSError, ValueError):
+                    select.select([self.master], [], [], 1.0)
+                continue
+            except InterruptedError:
+                continue
             except OSError:  # EIO: the shell and everything on its tty are gone
                 data = b""
             with self._lock:
@@ -160,11 +244,14 @@ class TerminalSession:
                 if text:
                     await websocket.send_text(text)
 
+        writer = PtyWriter(self.master)
+
         async def pump_in() -> None:
             while True:
                 message = json.loads(await websocket.receive_text())
                 if isinstance(message.get("input"), str):
-                    os.write(self.master, message["input"].encode())
+                    # waits (not reading this socket) while the shell is behind; the loop runs on
+                    await writer.write(message["input"].encode())
                 size = message.get("resize")
                 if isinstance(size, list) and len(size) == 2:
                     self.resize(size[0], size[1])
@@ -179,6 +266,7 @@ class TerminalSession:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            writer.close()
 
     def close(self) -> None:
         """Hang up: stop the shell's whole process group and close the pty."""

@@ -22,6 +22,7 @@ from elastrain.rendezvous.api import Cause, Generation, Member, WorkerState
 from elastrain.rendezvous.incidents import Incident, IncidentLog
 from elastrain.rendezvous.records import LIVE, MEMBER, CoordinatorConfig, Outcome, WorkerRecord
 from elastrain.rendezvous.slots import SlotBook
+from elastrain.rendezvous.source import start_step, vetted_steps
 from elastrain.rendezvous.wire import Peer
 
 log = logging.getLogger("elastrain.coordinator")
@@ -277,14 +278,20 @@ class GenerationMachine:
     def _form(self, cause: Cause, stay: list[WorkerRecord], joiners: list[WorkerRecord]) -> None:
         number = 0 if self.generation is None else self.generation.number + 1
         chosen = stay + joiners
-        steps = [w.committed_step for w in chosen]
+        # the source is chosen on claims the coordinator cross-checked, never on a claim alone
+        steps = vetted_steps(
+            [(w.worker_id, w.committed_step) for w in stay],
+            [(w.worker_id, w.committed_step) for w in joiners],
+            start_step(self.generation),
+        )
         best = max(steps)
         src = steps.index(best)
         sync = bool(joiners) or any(s != best for s in steps) or number == 0
         generation = Generation(
             number=number,
             members=tuple(
-                Member(w.worker_id, w.host, w.pid, w.committed_step, w.port, w.address) for w in chosen
+                Member(w.worker_id, w.host, w.pid, step, w.port, w.address)
+                for w, step in zip(chosen, steps, strict=True)
             ),
             cause=cause,
             store_address=self.store_address,
@@ -300,7 +307,7 @@ class GenerationMachine:
             if w.peer is not None and w.join_request is not None:
                 w.peer.reply(w.join_request, outcome="admitted", generation=wire)
             w.join_request = None
-        previous_max = max((w.committed_step for w in stay), default=best)
+        previous_max = max(steps[: len(stay)], default=best)
         self.incidents.add(
             Incident(
                 number,

@@ -6,6 +6,10 @@ A checkpoint is a directory ``ckpt-<step>`` holding ``state.pt`` (the `State`'s 
 checkpoints only; the last `keep` are kept. Training is blocked only for the copy of the state to
 host memory; the write happens on a background thread. On start, the newest checkpoint that
 verifies is used; a torn or corrupt one is skipped with a warning naming it.
+
+``state.pt`` holds tensors, numbers, strings and containers only and is read with
+``torch.load(weights_only=True)`` (format 2: numpy values in counters are stored as tagged tensors,
+see `elastrain.runtime.safe_load`). A file that needs an unsafe, code-running unpickling is refused.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from typing import Any
 import torch
 
 from elastrain.errors import CheckpointError
+from elastrain.runtime.safe_load import safe_torch_load
 
 log = logging.getLogger("elastrain.checkpoint")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: loaded with weights_only=True; numpy counters stored as tagged tensors
 MANIFEST = "manifest.json"
 STATE_FILE = "state.pt"
 _NAME = re.compile(r"^ckpt-(\d+)$")
@@ -283,9 +288,16 @@ def resolve_resume(resume: str, directory: Path | None) -> Path | None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a verified checkpoint's state_dict onto the CPU."""
+    """Load a verified checkpoint's state_dict onto the CPU (``weights_only=True``: never runs code)."""
     verify(path)
-    state: dict[str, Any] = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    state = safe_torch_load(
+        path / STATE_FILE,
+        f"checkpoint {path}",
+        "elastrain never unpickles checkpoints unsafely; resume from a checkpoint written by this "
+        "elastrain (or --resume never), or, if you trust the file, re-save its tensors and plain values",
+    )
+    if not isinstance(state, dict) or "step" not in state:
+        raise CheckpointError(f"{path}/{STATE_FILE} is not an elastrain state (no step)")
     return state
 
 

@@ -22,6 +22,7 @@ from elastrain.runtime.checkpoint import (
 from elastrain.runtime.data import BatchPolicy, ElasticSampler
 from elastrain.runtime.gradsync import GradientSync, StepShape
 from elastrain.runtime.progress import ProgressReporter
+from elastrain.runtime.safe_load import decode_counters, encode_counters, safe_torch_load
 
 if TYPE_CHECKING:
     from elastrain.runtime.loop import Runtime
@@ -180,10 +181,14 @@ class State:
 
     # ----- (de)serialisation and sync --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything that makes up the state, as plain objects and tensors."""
+        """Everything that makes up the state, as plain objects and tensors.
+
+        Counters are stored as tensors and plain containers (numpy values tagged), so the result
+        loads with ``torch.load(weights_only=True)``; a counter holding another object is refused.
+        """
         return {
             "step": self.step,
-            "counters": self._counters(),
+            "counters": encode_counters(self._counters()),
             "model": self.model.state_dict() if self.model is not None else None,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "sampler": self.sampler.state_dict() if self.sampler is not None else None,
@@ -192,7 +197,7 @@ class State:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from `state_dict`."""
         self.step = int(state["step"])
-        for name, value in state["counters"].items():
+        for name, value in decode_counters(state["counters"]).items():
             if name not in self._counter_names:
                 self._counter_names.append(name)
             setattr(self, name, value)
@@ -232,7 +237,7 @@ class State:
             dist.broadcast(payload, src=generation.src_rank)
             if rt.rank != generation.src_rank:
                 data = io.BytesIO(payload.cpu().numpy().tobytes())
-                self.load_state_dict(torch.load(data, weights_only=False))
+                self.load_state_dict(load_broadcast(data, generation.src_rank))
         rt.synced_generation = generation.number
         rt.ledger.generation(generation.number, rt.rank, rt.world_size, self.step, generation.cause.value)
         if self.sampler is not None:
@@ -293,6 +298,19 @@ class State:
                 raise ConfigError("call state.commit() inside a function wrapped with @elastrain.run")
             self._runtime = rt
         return self._runtime
+
+
+def load_broadcast(data: io.BytesIO, src_rank: int) -> dict[str, Any]:
+    """The state rank `src_rank` broadcast, loaded with ``weights_only=True`` (a peer cannot run code
+    here); anything else raises `UnsafeStateError`."""
+    state = safe_torch_load(
+        data,
+        f"the state broadcast by rank {src_rank}",
+        "the sending worker is not running a trusted elastrain; stop the job and check who holds its token",
+    )
+    if not isinstance(state, dict) or "step" not in state or "counters" not in state:
+        raise ConfigError(f"the state broadcast by rank {src_rank} is not an elastrain state")
+    return state
 
 
 __all__ = ["BatchPolicy", "State"]
