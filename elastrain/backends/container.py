@@ -44,6 +44,7 @@ from elastrain.backends.container_run import (
 from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
 from elastrain.backends.podmanctl import exec_argv, podman, podman_json
+from elastrain.backends.procs import cmdline
 from elastrain.hostfile import atomic_write_text
 from elastrain.httpunix import unix_url
 
@@ -393,8 +394,22 @@ class ContainerBackend(Backend):
                 os.kill(target, signum)
             except (ProcessLookupError, PermissionError):
                 pass
-        if pid and pid not in inside:  # the podman exec client on this machine
-            super().stop_processes(spec, env_key, env_value, pid, signum)
+        if pid and pid not in inside:  # the podman exec client on this machine, if it provably is
+            if self._exec_client(spec, pid, f"{env_key}={env_value}"):
+                super().stop_processes(spec, env_key, env_value, pid, signum)
+            else:
+                log.warning("not signalling pid %d: not in %s nor its podman exec", pid, spec.name)
+
+    def _exec_client(self, spec: ContainerSpec, pid: int, env_item: str) -> bool:
+        """`pid` is a ``podman exec`` this server started in the container with ``--env env_item``,
+        leading its own process group (a stored pid may since name another process)."""
+        argv = cmdline(pid)
+        tagged = any(argv[i : i + 2] == ["--env", env_item] for i in range(len(argv) - 1))
+        try:
+            leader = os.getpgid(pid) == pid
+        except (ProcessLookupError, PermissionError):
+            return False
+        return leader and tagged and "exec" in argv and self.container_name(spec.name) in argv
 
     def logs(self, cluster: str, name: str) -> Iterator[str]:
         """The container's output (the node daemon's and the agents it started)."""

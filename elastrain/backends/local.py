@@ -18,6 +18,7 @@ in its environment, so deleting a cluster finds and stops all of them, including
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -36,6 +37,22 @@ from elastrain.hostfile import atomic_write_text
 HOSTFILE_PATH = "/etc/mpi/hostfile"
 CLUSTER_UID_ENV = "ELASTRAIN_CLUSTER_UID"
 CONTAINER_UID_ENV = "ELASTRAIN_CONTAINER_UID"
+_PROC = Path("/proc")
+log = logging.getLogger(__name__)
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 class LocalBackend(Backend):
@@ -243,6 +260,50 @@ class LocalBackend(Backend):
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+
+    # --- which processes are the container's: proven by its uid marker in their environment ----------
+    def in_container(self, spec: ContainerSpec, pid: int) -> bool:
+        """`pid` is a live process of the container: its environment carries the container's uid
+        marker (every process started in it inherits it; a process the server did not start there has
+        none, whatever its command line says)."""
+        if not spec.cluster_uid or pid <= 1 or pid == os.getpid():
+            return False
+        marker = f"{CONTAINER_UID_ENV}={spec.cluster_uid}/{spec.name}".encode()
+        return marker in _environ(pid) and pid_alive(pid)
+
+    def own_pid(self, spec: ContainerSpec, pid: int) -> int | None:
+        """`pid` when it is a process of the container, else None (a client names any pid it likes)."""
+        if self.in_container(spec, pid):
+            return pid
+        log.warning("pid %d is not a process of %s/%s: refused", pid, spec.cluster, spec.name)
+        return None
+
+    def stop_processes(
+        self, spec: ContainerSpec, env_key: str, env_value: str, pid: int | None, signum: int
+    ) -> None:
+        """Signal the members of `pid`'s process group that are processes of the container; nothing
+        when `pid` itself is not one (a stored pid may name a stranger: a decoy, or a reused pid)."""
+        if not pid:
+            return
+        if not self.in_container(spec, pid):
+            log.warning(
+                "not signalling pid %d: not a process of %s/%s (refused)", pid, spec.cluster, spec.name
+            )
+            return
+        group = _pgid(pid)
+        members = {pid}
+        if group == pid:
+            members |= {
+                int(e.name) for e in _PROC.iterdir() if e.name.isdigit() and _pgid(int(e.name)) == group
+            }
+        for member in sorted(members):
+            if member != pid and not self.in_container(spec, member):
+                log.warning("not signalling pid %d of job group %d: not in %s", member, pid, spec.name)
+                continue
+            try:
+                os.kill(member, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def logs(self, cluster: str, name: str) -> Iterator[str]:
         """Lines of the container's init log."""

@@ -214,4 +214,6 @@ class Event(Base):
     action: Mapped[str] = mapped_column(String(63))
     cluster: Mapped[str] = mapped_column(String(63), default="", index=True)
     owner_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    # migration 0005: the uid of the cluster (names are reused after a delete; lookups key on uid + owner)
+    cluster_uid: Mapped[str] = mapped_column(String(32), default="", index=True)
     detail: Mapped[str] = mapped_column(Text, default="")

@@ -57,16 +57,31 @@ def add_event(
     owner_id: int | None = None,
     **detail: object,
 ) -> None:
-    """Append an audit event."""
+    """Append an audit event, keyed by the uid and owner of the cluster called `cluster` now (names
+    are reused after a delete); an event of a cluster belongs to its owner's trail, whoever acted."""
+    row = _cluster_now(session, cluster)
     session.add(
         Event(
             actor=actor,
             action=action,
             cluster=cluster,
-            owner_id=owner_id,
+            cluster_uid=row.uid if row is not None else "",
+            owner_id=row.owner_id if row is not None else owner_id,
             detail=json.dumps(detail, default=str),
         )
     )
+
+
+def _cluster_now(session: Session, name: str) -> Cluster | None:
+    """The cluster `name` as this session sees it: one it is adding, or the stored row (a pending
+    delete is not flushed first, so a ``cluster.deleted`` event still finds its cluster)."""
+    if not name:
+        return None
+    for obj in session.new:
+        if isinstance(obj, Cluster) and obj.name == name:
+            return obj
+    with session.no_autoflush:
+        return session.scalar(select(Cluster).where(Cluster.name == name))
 
 
 def visible_clusters(session: Session, user: User) -> list[Cluster]:
@@ -96,9 +111,21 @@ def all_clusters(session: Session) -> list[Cluster]:
     return list(session.scalars(query))
 
 
-def events_for(session: Session, cluster: str, limit: int = 100) -> list[Event]:
-    """The newest audit events of a cluster, oldest first."""
-    query = select(Event).where(Event.cluster == cluster).order_by(Event.id.desc()).limit(limit)
+def events_for(session: Session, cluster: Cluster | str, limit: int = 100) -> list[Event]:
+    """The newest audit events of a cluster (a row, or the name of an existing one), oldest first.
+
+    Keyed by the cluster's uid and owner, never by name alone: a cluster created under a name another
+    tenant used before sees none of the older cluster's events.
+    """
+    row = cluster_by_name(session, cluster) if isinstance(cluster, str) else cluster
+    if row is None:
+        return []
+    query = (
+        select(Event)
+        .where(Event.cluster_uid == row.uid, Event.owner_id == row.owner_id)
+        .order_by(Event.id.desc())
+        .limit(limit)
+    )
     return list(reversed(list(session.scalars(query))))
 
 

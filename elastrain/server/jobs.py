@@ -307,9 +307,21 @@ class JobService:
     def _job_events(
         session: Session, job: Job, cluster: str, action: str
     ) -> Sequence[tuple[Event, dict[str, Any]]]:
-        """`job`'s events whose action starts with `action`, oldest first, with their decoded detail."""
+        """`job`'s events whose action starts with `action`, oldest first, with their decoded detail.
+
+        Keyed by the job's cluster uid and owner (a later cluster of the same name, or a reused job id,
+        never sees them)."""
+        row = session.get(Cluster, job.cluster_id)
+        if row is None:
+            return []
         query = (
-            select(Event).where(Event.cluster == cluster, Event.action.startswith(action)).order_by(Event.id)
+            select(Event)
+            .where(
+                Event.cluster_uid == row.uid,
+                Event.owner_id == job.owner_id,
+                Event.action.startswith(action),
+            )
+            .order_by(Event.id)
         )
         found = [(event, json.loads(event.detail or "{}")) for event in session.scalars(query)]
         return [(event, detail) for event, detail in found if detail.get("job") == job.id]

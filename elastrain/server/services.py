@@ -312,7 +312,7 @@ class Services:
     def events(self, user: User, name: str) -> list[schemas.EventOut]:
         """The cluster's audit trail."""
         with self.db.session() as session:
-            self._get(session, user, name)
+            cluster = self._get(session, user, name)
             return [
                 schemas.EventOut(
                     at=e.at,
@@ -321,7 +321,7 @@ class Services:
                     cluster=e.cluster,
                     detail=json.loads(e.detail or "{}"),
                 )
-                for e in events_for(session, name)
+                for e in events_for(session, cluster)
             ]
 
     def container_logs(self, user: User, name: str, container: str | None) -> str:
