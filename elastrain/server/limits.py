@@ -109,8 +109,9 @@ class BodyLimitMiddleware:
                 receive,
                 send,
                 401,
-                "a request body needs a valid credential: Authorization: Bearer TOKEN "
-                "(ELASTRAIN_TOKEN), or the job's X-Job-Token / X-Attach-Token where the route takes one",
+                "a request body needs a valid credential: Authorization: Bearer TOKEN (ELASTRAIN_TOKEN), "
+                "or where the route takes one the job's X-Job-Token or a launcher shell's X-Attach-Token "
+                "(ELASTRAIN_ATTACH_TOKEN)",
             )
             return
         if length is not None and length > self.max_body_bytes:
