@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from elastrain.portal.terminal import PtyWriter, set_nonblocking
 
 MB = 1 << 20
 CHUNK = 16 * 1024
+
+
+def run_in_own_thread(coro: Coroutine[Any, Any, None]) -> None:
+    """`asyncio.run` in a thread of its own: an earlier test of the session may have left an event
+    loop running in this one (asyncio.run refuses to start there)."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(coro)
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the test's event loop did not finish within 60 s"
+    if errors:
+        raise errors[0]
 
 
 async def ticker(stop: asyncio.Event) -> float:
@@ -49,7 +71,7 @@ def test_writing_1mb_to_a_pipe_nobody_reads_keeps_the_loop_responsive() -> None:
         os.close(read_fd)
         os.close(write_fd)
 
-    asyncio.run(main())
+    run_in_own_thread(main())
 
 
 def test_everything_arrives_in_order_when_the_reader_is_slow() -> None:
@@ -79,7 +101,7 @@ def test_everything_arrives_in_order_when_the_reader_is_slow() -> None:
         os.close(read_fd)
         os.close(write_fd)
 
-    asyncio.run(main())
+    run_in_own_thread(main())
 
 
 def test_a_dead_shell_drops_input_instead_of_failing() -> None:
@@ -92,4 +114,4 @@ def test_a_dead_shell_drops_input_instead_of_failing() -> None:
         assert writer.failed and writer.buffered == 0
         os.close(write_fd)
 
-    asyncio.run(main())
+    run_in_own_thread(main())
