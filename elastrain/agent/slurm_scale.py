@@ -19,6 +19,7 @@ Slurm commands run with the config directory as working directory: ``scontrol up
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 
@@ -31,11 +32,13 @@ DRAIN_REASON = "elastrain scale-in"
 AGENT_STEP_PREFIX = "elastrain-agent-"  # `elastrain.launcher.slurm.srun_command`'s step names
 
 
-def run(*argv: str, timeout: float = 15.0) -> subprocess.CompletedProcess[str] | None:
-    """A Slurm command (its output), or None when it could not run."""
+def run(
+    *argv: str, timeout: float = 15.0, cwd: str | os.PathLike[str] = SLURM_DIR
+) -> subprocess.CompletedProcess[str] | None:
+    """A Slurm command (its output), or None when it could not run (missing, timed out)."""
     try:
         return subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False, cwd=SLURM_DIR
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd
         )
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("%s: %s", " ".join(argv), exc)

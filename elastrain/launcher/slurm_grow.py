@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 
+from elastrain.agent import slurm_scale
 from elastrain.errors import ConfigError
 
 log = logging.getLogger("elastrain.slurm")
@@ -45,13 +46,7 @@ _WORKDIR = tempfile.gettempdir()
 
 def run_slurm(*argv: str, timeout: float = 15.0) -> subprocess.CompletedProcess[str] | None:
     """A Slurm command's result, or None when it could not run (missing, timed out)."""
-    try:
-        return subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False, cwd=_WORKDIR
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("%s: %s", " ".join(argv), exc)
-        return None
+    return slurm_scale.run(*argv, timeout=timeout, cwd=_WORKDIR)
 
 
 def show_job(job_id: str, runner: Runner = run_slurm) -> dict[str, str] | None:
