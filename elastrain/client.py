@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -168,9 +169,44 @@ class Client:
         """The caller's user."""
         return dict(self._request("GET", "/me").json())
 
-    def create_user(self, name: str, admin: bool = False) -> str:
-        """Create a user (admin only); returns their token."""
-        return str(self._request("POST", "/users", json={"name": name, "admin": admin}).json()["token"])
+    def create_user(self, name: str, admin: bool = False, token_expires_in_days: int | None = None) -> str:
+        """Create a user (admin only); returns their token (expiring after the days given, else never)."""
+        body: dict[str, Any] = {"name": name, "admin": admin}
+        if token_expires_in_days is not None:
+            body["token_expires_in_days"] = token_expires_in_days
+        return str(self._request("POST", "/users", json=body).json()["token"])
+
+    def get_user(self, name: str) -> dict[str, Any]:
+        """A user with quota (effective and own overrides) and usage (yourself; an admin: anyone)."""
+        return dict(self._request("GET", f"/users/{quote(name, safe='')}").json())
+
+    def set_quota(self, name: str, limits: dict[str, int | None]) -> dict[str, Any]:
+        """Set limits (keys ``clusters``, ``containers``, ``gpus``) of user `name` (admin only); a None
+        value goes back to the server default, keys not given stay as they are."""
+        return dict(self._request("PATCH", f"/users/{quote(name, safe='')}", json={"quota": limits}).json())
+
+    def create_token(
+        self,
+        user: str,
+        name: str = "token",
+        expires_in_days: int | None = None,
+        expires_at: str | None = None,
+    ) -> dict[str, Any]:
+        """Create a token for `user`; the answer's ``token`` is shown this once."""
+        body: dict[str, Any] = {"name": name}
+        if expires_in_days is not None:
+            body["expires_in_days"] = expires_in_days
+        if expires_at is not None:
+            body["expires_at"] = expires_at
+        return dict(self._request("POST", f"/users/{quote(user, safe='')}/tokens", json=body).json())
+
+    def list_tokens(self, user: str) -> list[dict[str, Any]]:
+        """`user`'s tokens (id, name, state, created/expires/revoked/last-used times; never the token)."""
+        return list(self._request("GET", f"/users/{quote(user, safe='')}/tokens").json())
+
+    def revoke_token(self, user: str, token_id: int) -> dict[str, Any]:
+        """Revoke token `token_id` of `user` at once."""
+        return dict(self._request("DELETE", f"/users/{quote(user, safe='')}/tokens/{token_id}").json())
 
     def inventory(self) -> dict[str, Any]:
         """GPU inventory and usage."""

@@ -3,7 +3,7 @@
 Per cluster: one bridge network (isolated from every other cluster's), and on this machine under
 ``<data-dir>/clusters/<cluster>/``::
 
-    mpi/hostfile     bind-mounted read-only at /etc/mpi (the directory: the file is replaced by rename)
+    mpi/hostfile     bind-mounted read-only at /etc/mpi (the directory, 0750 group tenant; file renamed)
     home/            the tenant's home, /home/<user> in every container of the cluster (owned by their uid)
     jobs/            /var/log/jobs in the launcher: logs and exit codes of the cluster's jobs
     secret           the cluster's node secret (ELASTRAIN_NODE_SECRET inside; 0600 here)
@@ -41,6 +41,7 @@ from elastrain.backends.container_run import (
     gpu_args,
     run_args,
 )
+from elastrain.backends.filemodes import open_private_append, private_dir, private_file, tenant_dir
 from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
 from elastrain.backends.podmanctl import exec_argv, podman, podman_json
@@ -65,8 +66,7 @@ class ContainerBackend(Backend):
 
     def __init__(self, data_dir: Path, stop_timeout_s: int = 10) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self.root = self.data_dir / "clusters"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(self.data_dir / "clusters")
         self.server_key = server_key(self.data_dir)
         self.stop_timeout_s = stop_timeout_s
         self.relays = RelaySet()
@@ -157,15 +157,15 @@ class ContainerBackend(Backend):
 
     # --- cluster-level set-up ----------------------------------------------------------------------
     def _prepare_cluster(self, spec: ContainerSpec) -> str:
-        """Directories, secret and network of the cluster (idempotent); returns the secret."""
-        base = self.cluster_dir(spec.cluster)
+        """Directories (0700; mounted ones the tenant's only), secret and network (idempotent); the secret."""
+        base = private_dir(self.cluster_dir(spec.cluster))
         for sub in ("mpi", "home", "jobs"):
             (base / sub).mkdir(parents=True, exist_ok=True)
         ensure_cluster_keys(base / "keys", spec.cluster, spec.tenant_uid)
         hostfile = base / "mpi" / "hostfile"
         if not hostfile.exists():
             atomic_write_text(hostfile, "# generation: 0\n")
-        os.chmod(base / "mpi", 0o755)
+        tenant_dir(base / "mpi", spec.tenant_uid)
         for sub in ("home", "jobs"):
             try:
                 os.chown(base / sub, spec.tenant_uid, spec.tenant_uid)
@@ -173,12 +173,12 @@ class ContainerBackend(Backend):
                 pass
             os.chmod(base / sub, 0o700)
         atomic_write_text(base / "mounts.json", json.dumps({m.target: m.source for m in spec.mounts}))
+        private_file(base / "mounts.json")
         if not (base / "hosts").exists():
             atomic_write_text(base / "hosts", HOSTS_HEAD)
         atomic_write_text(base / "nsswitch.conf", NSSWITCH)
         sockets = self.api_socket_dir(spec.cluster)
-        sockets.mkdir(parents=True, exist_ok=True)
-        os.chmod(sockets, 0o755)
+        tenant_dir(sockets, spec.tenant_uid)
         self.relays.ensure(sockets / "api.sock")
         secret_file = base / "secret"
         if not secret_file.exists():
@@ -359,7 +359,7 @@ class ContainerBackend(Backend):
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        with open(log_path, "ab") as log_file:
+        with open_private_append(log_path) as log_file:
             return subprocess.Popen(
                 argv,
                 stdout=log_file,

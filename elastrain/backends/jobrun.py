@@ -38,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         if code < 0:
             code = 128 - code
     tmp = args.exit_file.with_suffix(".tmp")
-    tmp.write_text(f"{code}\n")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)  # the job's own
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{code}\n")
     os.replace(tmp, args.exit_file)
     return code
 

@@ -1,6 +1,6 @@
 """The local backend: a container is a directory plus an init process on its own loopback address.
 
-Layout under ``<data-dir>/clusters/<cluster>/``::
+Layout under ``<data-dir>/clusters/<cluster>/`` (directories 0700, logs 0600: the server's alone)::
 
     hostfile                      the cluster's hostfile (rewritten atomically)
     <container>/                  the container's root
@@ -30,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, Mount
+from elastrain.backends.filemodes import open_private_append, private_dir
 from elastrain.backends.procs import cmdline, pid_alive, pids_with_args, pids_with_env, terminate
 from elastrain.backends.shm import with_shm_limit
 from elastrain.hostfile import atomic_write_text
@@ -59,8 +60,7 @@ class LocalBackend(Backend):
     """Containers as directories and processes on this machine."""
 
     def __init__(self, data_dir: Path, stop_timeout_s: float = 5.0) -> None:
-        self.root = Path(data_dir).resolve() / "clusters"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(Path(data_dir).resolve() / "clusters")
         self.stop_timeout_s = stop_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
@@ -106,6 +106,8 @@ class LocalBackend(Backend):
     # --- lifecycle ---------------------------------------------------------------------------------
     def _layout(self, spec: ContainerSpec, root: Path) -> None:
         """The container's root: etc/mpi/hostfile (a link to the cluster's file), mounts, environment."""
+        private_dir(self.cluster_dir(spec.cluster))  # 0700, as the container's root: the server's alone
+        private_dir(root)
         (root / "etc" / "mpi").mkdir(parents=True, exist_ok=True)
         (root / "var" / "log").mkdir(parents=True, exist_ok=True)
         (root / "ready").unlink(missing_ok=True)
@@ -133,7 +135,7 @@ class LocalBackend(Backend):
         self._layout(spec, root)
         env = self.environment(spec)
         meta = {**asdict(spec), "pid": None, "started_at": time.time()}
-        log = open(root / "var" / "log" / "container.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open_private_append(root / "var" / "log" / "container.log")  # handed to the child
         try:
             init = [sys.executable, "-m", "elastrain.backends.container_proc", "--root", str(root)]
             proc = subprocess.Popen(
@@ -250,7 +252,7 @@ class LocalBackend(Backend):
                 start_new_session=True,
             )
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
+        with open_private_append(log_path) as log:
             return subprocess.Popen(
                 command,
                 cwd=root,

@@ -1,9 +1,10 @@
 """`elastrain server | cluster | user`: the control-plane commands (a thin layer over `elastrain.client`).
 
-Every command reads ``ELASTRAIN_URL`` and ``ELASTRAIN_TOKEN`` (``--url``/``--token`` override). Errors
-are `ElastrainError`s, which `elastrain.cli.main` prints as one line with a non-zero exit. The flow::
+Every command reads ``ELASTRAIN_URL`` and ``ELASTRAIN_TOKEN`` (``--url``/``--token-file`` override;
+``--token`` works too but shows the token in ``ps``). Errors are `ElastrainError`s, which
+`elastrain.cli.main` prints as one line with a non-zero exit. The flow::
 
-    elastrain server --data-dir ~/.elastrain --gpus 8 &          # prints the URL and the admin token
+    elastrain server --data-dir ~/.elastrain --gpus 8 &          # prints the URL and the token's file
     export ELASTRAIN_URL=http://127.0.0.1:8080 ELASTRAIN_TOKEN=$(cat ~/.elastrain/admin-token)
     elastrain cluster create tthvd --framework horovod --containers 2 --gpus-per-container 1 \
         --shm 1Gi --mount ./examples:/examples --wait
@@ -17,6 +18,7 @@ are `ElastrainError`s, which `elastrain.cli.main` prints as one line with a non-
     elastrain job logs -f 1; elastrain job get 1; elastrain job list
     elastrain cluster delete tthvd                                # stops every process of the cluster
     elastrain user create alice                                   # admin: prints alice's token
+    elastrain user token create --expires-in-days 90              # more: elastrain.cli.user_cmd
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from elastrain.cli.table import format_table
 from elastrain.errors import ConfigError
@@ -38,16 +40,60 @@ if TYPE_CHECKING:
 CONTROL_PLANE_COMMANDS = ("server", "cluster", "user", "job")
 
 
+TOKEN_IN_ARGV_WARNING = (
+    "elastrain: warning: --token shows the token to every user of this machine (ps); "
+    "use ELASTRAIN_TOKEN or --token-file FILE"
+)
+
+
+class _TokenFlag(argparse.Action):
+    """``--token TOKEN``: still works, with a warning that a command line is public."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        print(TOKEN_IN_ARGV_WARNING, file=sys.stderr, flush=True)
+        setattr(namespace, self.dest, values)
+
+
+class _TokenFileFlag(argparse.Action):
+    """``--token-file FILE``: the token is the file's first line (kept out of argv)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        try:
+            lines = Path(values).expanduser().read_text().strip().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            parser.error(f"--token-file {values}: {getattr(exc, 'strerror', None) or exc}")
+        if not lines or not lines[0].strip():
+            parser.error(f"--token-file {values} is empty")
+        namespace.token = lines[0].strip()
+
+
 def _connection_flags() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--url", help="control plane URL (default: $ELASTRAIN_URL or http://127.0.0.1:8080)")
-    parent.add_argument("--token", help="API token (default: $ELASTRAIN_TOKEN)")
+    secret = parent.add_mutually_exclusive_group()
+    secret.add_argument(
+        "--token-file",
+        action=_TokenFileFlag,
+        metavar="FILE",
+        help="read the API token from FILE (default: $ELASTRAIN_TOKEN)",
+    )
+    secret.add_argument(
+        "--token",
+        action=_TokenFlag,
+        help="API token (visible in ps: prefer $ELASTRAIN_TOKEN or --token-file)",
+    )
+    parent.set_defaults(token=None)
     return parent
 
 
 def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
     """Register `server`, `cluster`, `user` and `job` on the top-level parser."""
     from elastrain.cli.job import add_job_parser
+    from elastrain.cli.user_cmd import add_user_parser
     from elastrain.server.main import add_server_parser
 
     add_server_parser(sub)
@@ -103,12 +149,7 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
     p = csub.add_parser("logs", parents=[conn], help="a container's captured output (default: the launcher)")
     p.add_argument("name")
     p.add_argument("--container", help="container name (see cluster get)")
-    user = sub.add_parser("user", help="manage users (admin)")
-    usub = user.add_subparsers(dest="action", required=True, parser_class=type(user))
-    p = usub.add_parser("create", parents=[conn], help="create a user and print their API token")
-    p.add_argument("name")
-    p.add_argument("--admin", action="store_true", help="the user may create users too")
-    usub.add_parser("whoami", parents=[conn], help="print the user the token belongs to")
+    add_user_parser(sub, conn)
     add_job_parser(sub, conn)
 
 
@@ -119,9 +160,10 @@ def _add_scheduler_flag(server: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--scheduler",
         choices=[m.value for m in SchedulerMode],
-        default=SchedulerMode.static.value,
+        default=None,
         help="static: clusters keep their requested size (default); elastic: grow clusters into idle "
-        "GPUs within --min/--max-containers and shrink them to admit waiting ones",
+        "GPUs within --min/--max-containers and shrink them to admit waiting ones "
+        "(env ELASTRAIN_SCHEDULER)",
     )
 
 
@@ -134,11 +176,8 @@ def run_control_plane(args: argparse.Namespace) -> int:
     """Dispatch one control-plane command."""
     if args.cmd == "server":
         from elastrain.server.main import run_server
-        from elastrain.server.scheduling import set_default_mode
 
-        set_default_mode(args.scheduler)
-        print(f"elastrain server: scheduler {args.scheduler}", flush=True)
-        return run_server(args)
+        return run_server(args)  # resolves the settings (flag > env > file), --scheduler included
     if args.cmd == "job":
         from elastrain.cli.job import run_job_command
 
@@ -148,22 +187,13 @@ def run_control_plane(args: argparse.Namespace) -> int:
     with Client(args.url, args.token) as client:
         try:
             if args.cmd == "user":
-                return _user(client, args)
+                from elastrain.cli.user_cmd import run_user_command
+
+                return run_user_command(client, args)
             return _CLUSTER_ACTIONS[args.action](client, args)
         except BrokenPipeError:  # `elastrain cluster get X -o json | head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-
-
-def _user(client: Client, args: argparse.Namespace) -> int:
-    if args.action == "whoami":
-        me = client.me()
-        print(f"{me['name']}{' (admin)' if me['admin'] else ''}")
-        return 0
-    token = client.create_user(args.name, admin=args.admin)
-    print(f"user {args.name} created; token (shown once):", file=sys.stderr)
-    print(token)
-    return 0
 
 
 def resolve_mount(spec: str, cwd: Path | None = None) -> str:

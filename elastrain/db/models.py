@@ -92,17 +92,26 @@ class User(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # migration 0006: per-user quotas (None: the server default, elastrain.server.quotas)
+    quota_clusters: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    quota_containers: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    quota_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tokens: Mapped[list[ApiToken]] = relationship(back_populates="user", cascade="all, delete-orphan")
 
 
 class ApiToken(Base):
-    """A bearer token, stored only as its SHA-256 hash."""
+    """A bearer token, stored only as its SHA-256 hash; expired or revoked, it authenticates nobody."""
 
     __tablename__ = "api_tokens"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # migration 0006: a label, expiry (None: never), revocation and last use (updated at most once a minute)
+    name: Mapped[str] = mapped_column(String(63), default="")
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     user: Mapped[User] = relationship(back_populates="tokens")
 
 

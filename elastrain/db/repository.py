@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from datetime import datetime, timezone
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from elastrain.db.models import ApiToken, Cluster, Container, Event, Job, User
+from elastrain.db.models import ApiToken, Cluster, Container, Event, Job, User, utcnow
 
 
 def hash_token(token: str) -> str:
@@ -22,18 +23,23 @@ def new_token() -> str:
     return "et_" + secrets.token_urlsafe(32)
 
 
-def issue_token(session: Session, user: User) -> str:
-    """Create a token for `user`, store its hash, return the token itself (shown once)."""
+def issue_token(
+    session: Session, user: User, name: str = "initial", expires_at: datetime | None = None
+) -> str:
+    """Create a token for `user` (named `name`, valid until `expires_at`, None: never), store its
+    hash, return the token itself (shown once)."""
     token = new_token()
-    session.add(ApiToken(user=user, token_hash=hash_token(token)))
+    session.add(ApiToken(user=user, token_hash=hash_token(token), name=name, expires_at=expires_at))
     return token
 
 
-def create_user(session: Session, name: str, is_admin: bool = False) -> tuple[User, str]:
-    """Create a user with one token; returns (user, token)."""
+def create_user(
+    session: Session, name: str, is_admin: bool = False, expires_at: datetime | None = None
+) -> tuple[User, str]:
+    """Create a user with one token (valid until `expires_at`, None: never); returns (user, token)."""
     user = User(name=name, is_admin=is_admin)
     session.add(user)
-    token = issue_token(session, user)
+    token = issue_token(session, user, expires_at=expires_at)
     session.flush()
     return user, token
 
@@ -43,10 +49,20 @@ def user_by_name(session: Session, name: str) -> User | None:
     return session.scalar(select(User).where(User.name == name))
 
 
+def token_row(session: Session, token: str) -> ApiToken | None:
+    """The stored row of a bearer token (whatever its state), if any."""
+    return session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+
+
 def user_by_token(session: Session, token: str) -> User | None:
-    """The user a bearer token belongs to, if any."""
-    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
-    return row.user if row is not None else None
+    """The user a bearer token belongs to, if any and the token is neither revoked nor expired."""
+    row = token_row(session, token)
+    if row is None or row.revoked_at is not None:
+        return None
+    expires = row.expires_at
+    if expires is not None and expires.replace(tzinfo=expires.tzinfo or timezone.utc) <= utcnow():
+        return None
+    return row.user
 
 
 def add_event(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from elastrain.errors import ConfigError
@@ -33,6 +34,30 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor.close()
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file of an SQLite database URL (None: another database, or an in-memory one)."""
+    parsed = make_url(url)
+    name = parsed.database or ""
+    if not parsed.drivername.startswith("sqlite") or name in ("", ":memory:") or name.startswith("file:"):
+        return None
+    return Path(name).expanduser().absolute()
+
+
+def _private_sqlite_file(path: Path) -> None:
+    """Create the database file 0600 before SQLite does (its -wal and -shm files copy the database
+    file's mode), and make existing ones 0600: no other user of the machine reads tokens or events."""
+    if not path.parent.is_dir():
+        return  # SQLite itself says that the directory is missing
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            found = path.with_name(path.name + suffix)
+            if found.exists() and not found.is_symlink():
+                os.chmod(found, 0o600)
+    except OSError:  # e.g. a read-only copy of someone else's database: SQLite reports what matters
+        pass
+
+
 class Database:
     """An engine plus a session factory; `migrate()` brings the schema to the newest revision."""
 
@@ -40,6 +65,9 @@ class Database:
         self.url = normalize_url(url)
         kwargs: dict[str, Any] = {"future": True}
         if self.url.startswith("sqlite"):
+            path = sqlite_path(self.url)
+            if path is not None:
+                _private_sqlite_file(path)
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
         else:
             kwargs["pool_pre_ping"] = True

@@ -38,7 +38,10 @@ Differences from Horovod
   with zeros for collectives the others still run; ``ElasticSampler`` gives every rank the same
   number of steps, so ``join()`` is only needed at the end.
 * ``broadcast_optimizer_state`` sends the ``state_dict`` (an empty state stays empty; Horovod runs a
-  zero-gradient step first). Objects are pickled with :mod:`pickle` (Horovod: cloudpickle).
+  zero-gradient step first). It and the ``hvd.elastic`` state sync never unpickle code (``torch.load``
+  with ``weights_only=True``), so ``ObjectState``/``TorchState`` attributes must be numbers, strings,
+  tensors, numpy arrays or containers of them. ``broadcast_object``/``allgather_object`` pickle
+  arbitrary objects with :mod:`pickle` (Horovod: cloudpickle); see ``docs/security.md``.
 * ``TorchState.sync()`` sends the state of the member with the most commits (Horovod: rank 0), and
   only when the new generation needs it; plain attributes are deep-copied at each commit. A
   ``HostsUpdatedInterrupt`` raised by ``check_host_updates()`` also commits (Horovod keeps that

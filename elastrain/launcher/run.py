@@ -1,8 +1,9 @@
 """`elastrain run`: horovodrun/torchrun-style launcher for elastic jobs.
 
-Starts a torch TCPStore (the process groups' bootstrap store, one prefix per generation), the
-coordinator, one agent process per local host, and a watcher on the host source. Returns when the
-job ends: 0 when training finished, 1 when a worker failed, 2 for bad input.
+Starts a torch TCPStore (the process groups' bootstrap store, one prefix per generation; bound to the
+coordinator's address only, on an ephemeral port the workers learn from the coordinator: see
+``launcher/store.py``), the coordinator, one agent process per local host, and a watcher on the host
+source. Returns when the job ends: 0 when training finished, 1 when a worker failed, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from elastrain.agent.restart import FAILED_AFTER
 from elastrain.errors import ConfigError
 from elastrain.launcher.agents import AgentStarter, LocalAgentStarter
 from elastrain.launcher.hosts import HostSource
+from elastrain.launcher.store import start_store
 from elastrain.rendezvous.coordinator import Coordinator
 from elastrain.rendezvous.records import CoordinatorConfig
 from elastrain.runtime.progress import IncidentReporter
@@ -142,25 +144,16 @@ class Launcher:
         lo, hi, initial = resolve_sizes(
             self.config.np, self.config.min_np, self.config.max_np, hosts.total_slots
         )
-        import torch.distributed as dist  # after the checks: bad input is refused without the import
-
         if self.config.ledger_dir is not None:
             self.config.ledger_dir.mkdir(parents=True, exist_ok=True)
-        # with a fixed coordinator port the store sits next to it, so a replacement launcher can take both
-        store_port = self.config.coordinator_port + 1 if self.config.coordinator_port else 0
-        for port in dict.fromkeys((self.config.coordinator_port, store_port)):
-            self._check_can_listen(port)
+        self._check_can_listen(self.config.coordinator_port)
+        # the store listens on the coordinator's address only, on an ephemeral port: workers learn it
+        # from the generations the coordinator sends them (a --rejoin launcher serves a new one). It is
+        # torch's import (seconds), after the checks; `_store` stays referenced: collected, it stops.
         try:
-            store = dist.TCPStore(
-                self.config.coordinator_host,
-                store_port,
-                is_master=True,
-                wait_for_workers=False,
-                use_libuv=True,
-            )
+            _store, store_address = start_store(self.config.coordinator_host)
         except (OSError, RuntimeError) as exc:
-            raise ConfigError(self._cannot_listen(store_port, exc)) from None
-        store_address = f"{self.config.coordinator_host}:{store.port}"
+            raise ConfigError(self._cannot_listen(0, exc)) from None
         coord_config = CoordinatorConfig(
             min_np=lo,
             max_np=hi,
@@ -231,7 +224,7 @@ class Launcher:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return (
             f"cannot listen on {where} ({reason}); give an address of this machine and a free port "
-            "(--rdzv-endpoint / --coordinator-host, --coordinator-port; the port above it is used too)"
+            "(--rdzv-endpoint / --coordinator-host, --coordinator-port)"
         )
 
     def _on_signal(self, signum: int, _frame: object) -> None:

@@ -18,10 +18,10 @@ from sqlalchemy import select
 from elastrain.db.models import ContainerState, JobMetric, User
 from elastrain.db.repository import find_cluster
 from elastrain.portal.terminal import TerminalRegistry, TerminalSession, TerminalTarget
-from elastrain.server.errors import Conflict, NotFound, Unauthorized
+from elastrain.server.errors import Conflict, Forbidden, NotFound, Unauthorized
 from elastrain.server.jobs import JobService, launcher_of
 from elastrain.server.reconciler import aware, container_spec
-from elastrain.server.services import Services
+from elastrain.server.services import Services, check_host_commands, check_owner
 
 log = logging.getLogger("elastrain.portal")
 _bearer = HTTPBearer(auto_error=False)
@@ -51,11 +51,17 @@ def _user(services: Services, token: str) -> User:
 
 
 def terminal_target(services: Services, user: User, name: str) -> TerminalTarget:
-    """Where the caller's terminal runs: the launcher container of their cluster `name` (404 otherwise)."""
+    """Where the caller's terminal runs: the launcher container of their cluster `name`.
+
+    The rules of REST exec: 403 on the process backend without --insecure-process-backend, 404 for a
+    cluster the caller cannot see, 403 for one they see but do not own (an admin's view of a tenant's).
+    """
+    check_host_commands(services.host_commands_allowed)
     with services.db.session() as session:
         cluster = find_cluster(session, user, name)
         if cluster is None:
             raise NotFound(f"cluster {name!r} not found")
+        check_owner(cluster, user)
         launcher = launcher_of(cluster)
         if launcher is None or launcher.state != ContainerState.Running:
             raise Conflict(f"the launcher container of {name!r} is not Running yet; wait and retry")
@@ -124,7 +130,7 @@ def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
             hello = json.loads(await asyncio.wait_for(websocket.receive_text(), AUTH_TIMEOUT_S))
             user = _user(services, str(hello.get("token", "")))
             target = await asyncio.to_thread(terminal_target, services, user, name)
-        except (Unauthorized, NotFound, Conflict) as exc:
+        except (Unauthorized, Forbidden, NotFound, Conflict) as exc:
             await websocket.send_text(f"\r\n{exc}\r\n")
             await websocket.close(code=4000 + exc.status, reason=str(exc)[:120])
             return

@@ -1,8 +1,15 @@
-"""Build and tear down the torch.distributed process group of one generation, in the same process."""
+"""Build and tear down the torch.distributed process group of one generation, in the same process.
+
+The group meets in the launcher's TCPStore (address and port from the generation, which the
+coordinator sent over its token-authenticated channel), under a key prefix derived from the job
+token: `store_prefix`. torch's store has no authentication; see ``docs/security.md``.
+"""
 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import logging
 import os
 
@@ -28,6 +35,18 @@ _FAILURE_MARKERS = (
 )
 
 
+def store_prefix(token: str, generation: int) -> str:
+    """The store keys of `generation` live under ``elastrain/<secret>/g<N>/``: secret = HMAC(token)[:16].
+
+    Defense in depth, not authentication: a client that reaches the store without the job token
+    cannot address the job's keys by their well-known names (``elastrain/g1/...``, torch's own), but
+    torch's store answers ``list_keys`` to anyone, so it is no secret from a client that lists them.
+    The store is protected by where it listens (the cluster address only, an ephemeral port).
+    """
+    secret = hmac.new(token.encode(), b"elastrain/store", hashlib.sha256).hexdigest()[:16]
+    return f"elastrain/{secret}/g{generation}"
+
+
 def choose_backend(requested: str) -> str:
     """gloo on CPU; NCCL when CUDA is available and not overridden."""
     if requested:
@@ -38,8 +57,11 @@ def choose_backend(requested: str) -> str:
 class GroupManager:
     """Owns the default process group; one store connection reused across generations."""
 
-    def __init__(self, backend: str, timeout_s: float, local_rank: int, host: str = "") -> None:
+    def __init__(
+        self, backend: str, timeout_s: float, local_rank: int, host: str = "", token: str = ""
+    ) -> None:
         self.backend = choose_backend(backend)
+        self._token = token  # the job's: the store's key prefix derives from it
         self._bind_interface(host)
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.local_rank = local_rank
@@ -69,13 +91,13 @@ class GroupManager:
         return torch.device("cpu")
 
     def build(self, generation: Generation, rank: int) -> None:
-        """Create the default group for `generation` (a fresh store prefix per generation)."""
+        """Create the default group for `generation` (a fresh store prefix per generation, `store_prefix`)."""
         self.destroy()
         if self._store is None or self._store_address != generation.store_address:
             host, port = parse_address(generation.store_address)
             self._store = dist.TCPStore(host, port, is_master=False, timeout=self.timeout, use_libuv=True)
             self._store_address = generation.store_address
-        store = dist.PrefixStore(f"elastrain/g{generation.number}", self._store)
+        store = dist.PrefixStore(store_prefix(self._token, generation.number), self._store)
         try:
             dist.init_process_group(
                 self.backend, store=store, rank=rank, world_size=generation.world_size, timeout=self.timeout

@@ -41,7 +41,7 @@ class Runtime:
         self.context = context
         self.rendezvous = rendezvous
         self.groups: GroupManager = GroupManager(
-            context.backend, context.collective_timeout_s, context.local_rank, context.host
+            context.backend, context.collective_timeout_s, context.local_rank, context.host, context.token
         )
         self.ledger = Ledger(context.ledger_dir, context.worker_id, context.run_id)
         self.generation: Generation | None = None

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from elastrain.db.models import Job, User
 from elastrain.db.repository import hash_token
 from elastrain.server import schemas
+from elastrain.server import users as accounts
 from elastrain.server.errors import ApiError, Unauthorized
 from elastrain.server.jobs import JobService
 from elastrain.server.limits import BodyLimitMiddleware, bearer_token, resolve_max_body_bytes
@@ -29,6 +30,7 @@ log = logging.getLogger("elastrain.server")
 _JOB_TOKEN_ROUTE = re.compile(r"^/api/v1/jobs/([0-9]{1,19})/(?:progress|incidents)$")
 _ATTACH_ROUTE = "/api/v1/jobs/attach"
 JobId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="a job id")]
+TokenId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="a token id (elastrain user token list)")]
 _bearer = HTTPBearer(auto_error=False, description="an API token (elastrain user create; DATA/admin-token)")
 
 
@@ -54,9 +56,12 @@ def body_authorizer(services: Services, jobs: JobService) -> Callable[[str, Mapp
     def authorized(path: str, headers: Mapping[str, str]) -> bool:
         token = bearer_token(headers)
         if token is not None:
-            with services.db.session() as session:
-                if services.authenticate(session, token) is not None:
-                    return True
+            try:
+                with services.db.session() as session:
+                    if services.authenticate(session, token) is not None:
+                        return True
+            except Unauthorized:  # an expired or revoked token opens nothing
+                return False
         match = _JOB_TOKEN_ROUTE.match(path)
         job_token = headers.get("x-job-token", "")
         if match is not None and job_token:
@@ -82,8 +87,12 @@ def create_app(services: Services, jobs: JobService, *, max_body_bytes: int | No
     `max_body_bytes`: the request-body cap (default ``$ELASTRAIN_MAX_BODY_BYTES``, else 1 MiB); bodies
     under ``/api/`` are refused (401) before they are read unless the request carries a valid token.
     """
-    app = FastAPI(
-        title="elastrain control plane", version="0.1.0", docs_url="/docs", openapi_url="/openapi.json"
+    app = FastAPI(  # /docs is served from the package (elastrain.server.docs), never from a CDN
+        title="elastrain control plane",
+        version="0.1.0",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
     )
 
     @app.exception_handler(ApiError)
@@ -120,6 +129,7 @@ def create_app(services: Services, jobs: JobService, *, max_body_bytes: int | No
             return user
 
     Caller = Annotated[User, Depends(current_user)]
+    Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     api = APIRouter(prefix="/api/v1")
     errors: dict[int | str, dict[str, object]] = {
         code: {"model": schemas.ErrorOut} for code in (400, 401, 403, 404, 409, 422)
@@ -139,6 +149,41 @@ def create_app(services: Services, jobs: JobService, *, max_body_bytes: int | No
     def create_user(req: schemas.UserCreate, user: Caller) -> schemas.UserOut:
         """Create a user and return their token (admin only)."""
         return services.create_user(user, req)
+
+    @api.get("/users/{name}", response_model=schemas.UserDetailOut, responses=errors, tags=["users"])
+    def get_user(name: str, user: Caller) -> schemas.UserDetailOut:
+        """A user with their quota and usage (your own; an admin sees anyone's)."""
+        return accounts.get_user(services.db, user, name)
+
+    @api.patch("/users/{name}", response_model=schemas.UserDetailOut, responses=errors, tags=["users"])
+    def update_user(name: str, req: schemas.UserPatch, user: Caller) -> schemas.UserDetailOut:
+        """Set a user's quota (admin only); a null limit goes back to the server default."""
+        return accounts.update_user(services.db, user, name, req)
+
+    @api.post(
+        "/users/{name}/tokens",
+        response_model=schemas.TokenCreated,
+        status_code=201,
+        responses=errors,
+        tags=["users"],
+    )
+    def create_token(
+        name: str, req: schemas.TokenCreate, user: Caller, token: Bearer
+    ) -> schemas.TokenCreated:
+        """Create an API token for a user (yourself; an admin: anyone); the token is shown this once."""
+        return accounts.create_token(services.db, user, name, req, token.credentials if token else "")
+
+    @api.get("/users/{name}/tokens", response_model=list[schemas.TokenOut], responses=errors, tags=["users"])
+    def list_tokens(name: str, user: Caller) -> list[schemas.TokenOut]:
+        """A user's tokens: id, name, created, expires, revoked, last used (never the token itself)."""
+        return accounts.list_tokens(services.db, user, name)
+
+    @api.delete(
+        "/users/{name}/tokens/{token_id}", response_model=schemas.TokenOut, responses=errors, tags=["users"]
+    )
+    def revoke_token(name: str, token_id: TokenId, user: Caller) -> schemas.TokenOut:
+        """Revoke a token at once: every later request with it answers 401."""
+        return accounts.revoke_token(services.db, user, name, token_id)
 
     @api.get("/inventory", response_model=schemas.InventoryOut, responses=errors, tags=["meta"])
     def inventory(_user: Caller) -> schemas.InventoryOut:
@@ -288,6 +333,9 @@ def create_app(services: Services, jobs: JobService, *, max_body_bytes: int | No
         error=_error,
     )
     from elastrain.portal import mount_portal  # the web portal at /
+    from elastrain.server import access_log, docs
 
+    docs.add_docs(app)  # /docs with the vendored Swagger UI at /_swagger/
     mount_portal(app, services, jobs)
+    access_log.install(app)  # outermost: X-Request-ID on every answer, one log line each
     return app

@@ -47,7 +47,7 @@ from elastrain.server.errors import Conflict, InvalidRequest, NotFound, Unauthor
 from elastrain.server.inventory import Inventory
 from elastrain.server.membership import JobMembership
 from elastrain.server.reconciler import aware, container_spec, tenant_uid
-from elastrain.server.services import check_owner, command_for
+from elastrain.server.services import check_host_commands, check_owner, command_for
 
 _PROGRESS = re.compile(
     r"epoch (?P<epoch>\d+) done: world (?P<world_size>\d+), step (?P<step>\d+), loss (?P<loss>[-\d.eE+]+)"
@@ -70,9 +70,10 @@ def _exit_path(job_id: int) -> str:
 
 
 def create_private_file(path: Path, data: bytes, owner_uid: int | None) -> None:
-    """Create `path` afresh (never through a link a tenant planted there), owned by `owner_uid` if given."""
+    """Create `path` afresh, 0600 (never through a link a tenant planted there), owned by `owner_uid` if
+    given (the tenant whose job writes it; nobody else reads it)."""
     path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, data)
         if owner_uid is not None:
@@ -117,6 +118,7 @@ class JobService:
     inventory: Inventory
     report_url: str = ""
     membership: JobMembership = field(default_factory=JobMembership)
+    host_commands_allowed: bool = True  # False: the process backend without --insecure-process-backend
     _offsets: dict[int, int] = field(default_factory=dict)
     _attach_tokens: dict[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (user id, cluster)
     _attach_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -129,6 +131,7 @@ class JobService:
 
     def submit(self, user: User, name: str, req: schemas.JobSubmit) -> schemas.JobOut:
         """Start the command detached in the launcher container."""
+        check_host_commands(self.host_commands_allowed)
         token = secrets.token_urlsafe(24)
         with self.db.session() as session:
             cluster = self._cluster(session, user, name)

@@ -20,44 +20,104 @@ log = logging.getLogger("elastrain.server")
 DEFAULT_DATA_DIR = Path("~/.elastrain").expanduser()
 
 
+SERVER_EPILOG = """\
+settings: a flag wins over the environment, which wins over the settings file, which wins over the
+default. Each flag's environment variable is named in its help. The settings file (--config FILE or
+$ELASTRAIN_CONFIG) holds NAME=VALUE lines with the environment's names (.env syntax: # comments,
+optional quotes), e.g.
+
+    ELASTRAIN_DB=postgresql://elastrain:PASSWORD@db.example:5432/elastrain
+    ELASTRAIN_SERVER_PORT=8080
+
+A database password goes in $ELASTRAIN_DB or in that file (chmod 600; a readable one is refused),
+never in --db: every user on the machine sees a command line in `ps`. The admin token is written to
+DATA/admin-token (0600), never printed.
+"""
+
+
 def add_server_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `elastrain server`."""
-    p = sub.add_parser("server", help="run the control plane (REST API, reconciler, container backend)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8080, help="port to listen on")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="database, tokens, containers")
-    p.add_argument("--db", help="database URL (default: sqlite:///DATA/elastrain.db; postgresql://... works)")
-    p.add_argument("--gpus", type=int, help="declare N virtual GPUs (default: detected GPUs, else 8 virtual)")
+    """Register `elastrain server` (flag defaults are None: an absent flag leaves env/file/default)."""
+    p = sub.add_parser(
+        "server",
+        help="run the control plane (REST API, reconciler, container backend)",
+        epilog=SERVER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="settings file of NAME=VALUE lines (default: $ELASTRAIN_CONFIG; see below)",
+    )
+    p.add_argument("--host", help="address to listen on (env ELASTRAIN_SERVER_HOST; default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (env ELASTRAIN_SERVER_PORT; default 8080)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        help=f"database, tokens, containers (env ELASTRAIN_SERVER_DATA_DIR; default {DEFAULT_DATA_DIR})",
+    )
+    p.add_argument(
+        "--db",
+        help="database URL without a password (env ELASTRAIN_DB, where a password may go; default: "
+        "sqlite:///DATA/elastrain.db; postgresql://... works)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        help="declare N virtual GPUs (env ELASTRAIN_GPUS; default: detected GPUs, else 8 virtual)",
+    )
     p.add_argument(
         "--backend",
         choices=("container", "process", "local", "slurm"),
         help="where containers run: 'container' (podman OCI containers; the default where podman works), "
-        "'process' (directories and processes on this machine: isolates nothing; 'local' is its old name), "
-        "or 'slurm' (Slurm jobs; SLURM_CONF; default --gpus: its GPUs)",
+        "'process' (directories and processes on this machine: isolates nothing, so exec, jobs and "
+        "terminals are refused there without --insecure-process-backend; 'local' is its old name), "
+        "or 'slurm' (Slurm jobs; SLURM_CONF; default --gpus: its GPUs) (env ELASTRAIN_SERVER_BACKEND)",
     )
+    p.add_argument(
+        "--insecure-process-backend",
+        action="store_true",
+        default=None,
+        help="on the process backend, allow exec, jobs and portal terminals anyway: they run as this "
+        "server's user and can read its data dir (admin token, database); for a single trusted user "
+        "only (env ELASTRAIN_INSECURE_PROCESS_BACKEND=1)",
+    )
+    for kind, default in (("clusters", "20"), ("containers", "64"), ("gpus", "unlimited")):
+        p.add_argument(
+            f"--quota-{kind}",
+            type=int,
+            metavar="N",
+            help=f"per-user default limit on {kind} (`elastrain user quota` sets one user's; env "
+            f"ELASTRAIN_QUOTA_{kind.upper()}; default {default}; admins are exempt)",
+        )
     p.add_argument(
         "--allow-mount",
         action="append",
         type=Path,
-        default=[],
+        default=None,
         metavar="DIR",
-        help="host directory clusters may mount from (repeatable; default: cwd and home)",
+        help="host directory clusters may mount from (repeatable; env ELASTRAIN_ALLOW_MOUNT=DIR:DIR; "
+        "default: cwd and home)",
     )
     p.add_argument(
         "--drain-seconds",
         type=float,
-        default=30.0,
         help="longest wait for a scaled-down container's workers to leave (their jobs' progress reports "
-        "show when they have; a container no job trains on goes at once)",
+        "show when they have; a container no job trains on goes at once) (env ELASTRAIN_DRAIN_SECONDS; "
+        "default 30)",
     )
     p.add_argument(
         "--max-body-bytes",
         type=int,
         default=None,
         metavar="N",
-        help="largest request body accepted (413 above it; default: $ELASTRAIN_MAX_BODY_BYTES, else 1 MiB)",
+        help="largest request body accepted (413 above it; env ELASTRAIN_MAX_BODY_BYTES; default 1 MiB)",
     )
-    p.add_argument("--reconcile-interval", type=float, default=0.5, help="seconds between reconcile passes")
+    p.add_argument(
+        "--reconcile-interval",
+        type=float,
+        help="seconds between reconcile passes (env ELASTRAIN_RECONCILE_INTERVAL; default 0.5)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log reconciler decisions and requests")
 
 
@@ -134,26 +194,61 @@ def make_backend(args: argparse.Namespace, data_dir: Path) -> tuple[Backend, Inv
 
     args.backend = "process"
     print(
-        "elastrain server: warning: the process backend isolates nothing: a tenant's shell and jobs run "
-        "as the server's user on this machine",
+        "elastrain server: warning: the process backend isolates nothing: a tenant's shell and jobs would "
+        "run as the server's user on this machine",
         file=sys.stderr,
         flush=True,
     )
     return LocalBackend(data_dir), inventory
 
 
+def host_commands_policy(args: argparse.Namespace) -> bool:
+    """Whether tenants may run commands (exec, jobs, portal terminal) on `args.backend`; warns loudly
+    when --insecure-process-backend lets them run as this server's user."""
+    from elastrain.server.settings import host_commands_allowed
+
+    allowed = host_commands_allowed(args.backend, bool(args.insecure_process_backend))
+    if args.backend != "process":
+        return allowed
+    if allowed:
+        print(
+            "elastrain server: WARNING: --insecure-process-backend: every user's exec, jobs and portal "
+            f"terminals run as this server's user (uid {os.getuid()}) on this machine and can read its "
+            "data dir (the admin token, the database): use it only where every user is trusted",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        print(
+            "elastrain server: exec, jobs and terminals are refused on the process backend (start with "
+            "--insecure-process-backend to allow them, or use --backend container)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return allowed
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Run until interrupted; containers keep running when the server stops (a restart adopts them)."""
     import uvicorn
 
+    from elastrain.backends.filemodes import private_dir
     from elastrain.db.session import Database
+    from elastrain.server import quotas
     from elastrain.server.app import create_app
     from elastrain.server.jobs import JobService
     from elastrain.server.limits import resolve_max_body_bytes
     from elastrain.server.membership import JobMembership
     from elastrain.server.reconciler import Reconciler
+    from elastrain.server.scheduling import set_default_mode
     from elastrain.server.services import Services
+    from elastrain.server.settings import load_settings, scrub_secrets_from_environment
 
+    load_settings(args).apply_to(args)  # flag > environment > settings file > default, into `args`
+    scrub_secrets_from_environment()  # nothing the server starts inherits ELASTRAIN_DB's password
+    set_default_mode(args.scheduler)
+    quotas.set_server_defaults(quotas.Limits(args.quota_clusters, args.quota_containers, args.quota_gpus))
+    print(f"elastrain server: scheduler {args.scheduler}", flush=True)
     if args.verbose:
         logging.getLogger("elastrain").setLevel(logging.INFO)
     if args.gpus is not None and args.gpus < 0:
@@ -163,7 +258,7 @@ def run_server(args: argparse.Namespace) -> int:
     max_body_bytes = resolve_max_body_bytes(getattr(args, "max_body_bytes", None))
     _check_port_free(args.host, args.port)
     data_dir = args.data_dir.expanduser().resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)  # 0700: the database, tokens and job logs are the server's alone
     roots = [Path(p).expanduser().resolve() for p in args.allow_mount] or [Path.cwd(), Path.home()]
     for root in roots:
         if not root.is_dir():
@@ -176,6 +271,7 @@ def run_server(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot open or migrate the database: {first}") from None
     token = bootstrap_admin(db, data_dir)
     backend, inventory = make_backend(args, data_dir)
+    host_commands = host_commands_policy(args)
     membership = JobMembership()
     reconciler = Reconciler(
         db,
@@ -185,13 +281,14 @@ def run_server(args: argparse.Namespace) -> int:
         drain_s=args.drain_seconds,
         membership=membership,
     )
-    services = Services(db, backend, inventory, reconciler, allowed_mount_roots=roots)
+    services = Services(db, backend, inventory, reconciler, allowed_mount_roots=roots, data_dir=data_dir)
     url = f"http://{args.host}:{args.port}"
     local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     backend.serve_api(args.host, args.port)  # containers reach the API through relays to it
     jobs = JobService(db, backend, inventory, report_url=f"http://{local}:{args.port}", membership=membership)
     reconciler.hooks.append(jobs.poll)
     services.attach_env = jobs.attach_env
+    services.host_commands_allowed = jobs.host_commands_allowed = host_commands
     app = create_app(services, jobs, max_body_bytes=max_body_bytes)
     kind = "real" if inventory.real else "virtual"
     print(f"elastrain server: {url} (API {url}/api/v1, docs {url}/docs)", flush=True)
@@ -199,8 +296,8 @@ def run_server(args: argparse.Namespace) -> int:
         f"elastrain server: data in {data_dir}; {inventory.gpus} {kind} GPUs; {args.backend} backend",
         flush=True,
     )
-    if token:
-        print(f"elastrain server: admin token {token} (also in {data_dir / 'admin-token'})", flush=True)
+    if token:  # never the token itself: a terminal's scrollback and logs are read by others
+        print(f"elastrain server: admin token in {data_dir / 'admin-token'} (0600)", flush=True)
     print(
         f"elastrain server: export ELASTRAIN_URL={url} ELASTRAIN_TOKEN=$(cat {data_dir / 'admin-token'})",
         flush=True,
@@ -208,7 +305,11 @@ def run_server(args: argparse.Namespace) -> int:
     reconciler.start()
     try:
         config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning"
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info" if args.verbose else "warning",
+            access_log=False,  # elastrain.access logs each request (with its id, without query strings)
         )
         uvicorn.Server(config).run()
     finally:

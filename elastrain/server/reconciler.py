@@ -29,7 +29,9 @@ from elastrain.server.policy import (
     plan,
     worker_index,
 )
+from elastrain.server.reconcile_errors import StepFailures
 from elastrain.server.scheduling import ClusterScheduler, default_scheduler
+from elastrain.server.validation import check_mount_unchanged
 
 log = logging.getLogger("elastrain.reconciler")
 ACTOR = "reconciler"
@@ -132,6 +134,7 @@ class Reconciler:
         self._busy = False
         self.hooks: list[Callable[[], int]] = []  # run after each pass (e.g. the job monitor)
         self.scheduler = scheduler if scheduler is not None else default_scheduler()
+        self.failures = StepFailures(db, ACTOR)
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -181,14 +184,36 @@ class Reconciler:
         )
         transient = (ContainerState.Pending, ContainerState.Terminating)
         self._busy = any(k.state in transient for c in views for k in c.containers)
-        for decision in decisions:
-            with self.db.session() as session:
-                self._apply(session, decision)
+        uids = {c.name: c.uid for c in views}
+        self.failures.keep_only(uids.items())
+        applied, failed = 0, set[str]()
+        for decision in decisions:  # a cluster whose decision failed waits for the next pass; others go on
+            if decision.cluster in failed:
+                continue
+            if self._apply_isolated(decision, uids.get(decision.cluster, "")):
+                applied += 1
+            else:
+                failed.add(decision.cluster)
         self._sync_hostfiles()
         for hook in self.hooks:
-            hook()
+            try:
+                hook()
+            except Exception as exc:
+                self.failures.report("", "", getattr(hook, "__qualname__", "hook"), exc, record=False)
         self.passes += 1
-        return len(decisions) + scheduled
+        return applied + scheduled
+
+    def _apply_isolated(self, decision: Decision, uid: str) -> bool:
+        """Apply `decision` in its own transaction: an error rolls it back and is reported (once) on its
+        cluster instead of stopping the pass for every cluster. False when it failed."""
+        try:
+            with self.db.session() as session:
+                self._apply(session, decision)
+        except Exception as exc:
+            step = decision.action.value
+            self.failures.report(decision.cluster, uid, step, exc, container=decision.container)
+            return False
+        return True
 
     def _admit_queued(self) -> int:
         """Without a scheduler every cluster runs at its desired size: admit the ones a scheduler of an
@@ -200,7 +225,8 @@ class Reconciler:
             return int(getattr(result, "rowcount", 0) or 0)
 
     def _sync_hostfiles(self) -> None:
-        """Rewrite a cluster's hostfile file when it differs from the DB (e.g. after a crash)."""
+        """Rewrite a cluster's hostfile file when it differs from the DB (e.g. after a crash); one
+        cluster's failure is its own."""
         with self.db.session() as session:
             for cluster in all_clusters(session):
                 if cluster.state == ClusterState.Terminating or cluster.hostfile_generation == 0:
@@ -214,7 +240,10 @@ class Reconciler:
                         current = None
                     if current == text or not on_disk.parent.exists():
                         continue
-                self.backend.write_cluster_file(cluster.name, HOSTFILE_PATH, text)
+                try:
+                    self.backend.write_cluster_file(cluster.name, HOSTFILE_PATH, text)
+                except Exception as exc:
+                    self.failures.report(cluster.name, cluster.uid, "sync_hostfile", exc, record=False)
 
     @staticmethod
     def hostfile_text(cluster: Cluster) -> str:
@@ -307,10 +336,13 @@ class Reconciler:
             add_event(session, ACTOR, "container.removed", d.cluster, cluster.owner_id, **detail)
 
     def _start(self, session: Session, cluster: Cluster, row: Container) -> None:
-        """Start the container; a backend that refuses (podman failing, image gone) fails the row with
-        its message instead of failing every later pass."""
+        """Start the container; a backend that refuses (podman failing, image gone) or a mount source that
+        a link now redirects fails the row with its message instead of failing every later pass."""
         try:
-            row.pid = self.backend.create_container(container_spec(cluster, row, self.inventory.real)).pid
+            spec = container_spec(cluster, row, self.inventory.real)
+            for mount in spec.mounts:
+                check_mount_unchanged(mount)
+            row.pid = self.backend.create_container(spec).pid
         except ElastrainError as exc:
             log.warning("cannot start container %s/%s: %s", cluster.name, row.name, exc)
             row.state, row.reason = ContainerState.Failed, f"the backend could not start it: {exc}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
 from elastrain.rendezvous.api import Cause
 
@@ -15,6 +15,8 @@ Count = Annotated[int, Field(ge=0, le=MAX_DB_INT)]
 """A non-negative integer stored in the database (step, epoch, bytes, ...)."""
 DbInt = Annotated[int, Field(ge=-MAX_DB_INT - 1, le=MAX_DB_INT)]
 """Any integer a 64-bit database column holds."""
+MAX_TOKEN_DAYS = 3650
+"""The longest an API token may be valid, in days."""
 
 
 class ErrorOut(BaseModel):
@@ -30,6 +32,12 @@ class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=63, description="DNS-label user name")
     admin: bool = False
+    token_expires_in_days: int | None = Field(
+        default=None, ge=1, le=MAX_TOKEN_DAYS, description="the first token expires after this many days"
+    )
+    token_expires_at: AwareDatetime | None = Field(
+        default=None, description="the first token expires then (RFC 3339 with offset; default: never)"
+    )
 
 
 class UserOut(BaseModel):
@@ -38,6 +46,87 @@ class UserOut(BaseModel):
     name: str
     admin: bool
     token: str | None = None
+    token_expires_at: datetime | None = None
+
+
+TokenName = Annotated[
+    str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:+-]*$")
+]
+"""A token's label: letters, digits and ``._@:+-``."""
+QuotaValue = Annotated[int, Field(ge=0, le=1_000_000)]
+"""One quota limit (0: none allowed)."""
+
+
+class TokenCreate(BaseModel):
+    """Create an API token: give at most one of `expires_in_days` and `expires_at` (neither: never)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: TokenName = Field(default="token", description="a label to tell tokens apart")
+    expires_in_days: int | None = Field(default=None, ge=1, le=MAX_TOKEN_DAYS)
+    expires_at: AwareDatetime | None = Field(default=None, description="RFC 3339 with offset, e.g. ...Z")
+
+
+class TokenOut(BaseModel):
+    """An API token's metadata (never the token or its hash); `state`: active, expired or revoked."""
+
+    id: int
+    name: str
+    state: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None = Field(description="updated at most once a minute")
+
+
+class TokenCreated(TokenOut):
+    """A new token: `token` is shown in this answer only."""
+
+    user: str
+    token: str
+
+
+class QuotaPatch(BaseModel):
+    """New limits: only the fields sent change; null puts a limit back to the server default."""
+
+    model_config = ConfigDict(extra="forbid")
+    clusters: QuotaValue | None = None
+    containers: QuotaValue | None = None
+    gpus: QuotaValue | None = None
+
+
+class UserPatch(BaseModel):
+    """Change a user (admin only): their quota."""
+
+    model_config = ConfigDict(extra="forbid")
+    quota: QuotaPatch
+
+
+class QuotaOut(BaseModel):
+    """Limits per user; null: unlimited (in `quota`) or the server default (in `quota_overrides`)."""
+
+    clusters: int | None
+    containers: int | None
+    gpus: int | None
+
+
+class UsageOut(BaseModel):
+    """What a user's clusters hold (elastic clusters count at their max_containers)."""
+
+    clusters: int
+    containers: int
+    gpus: int
+
+
+class UserDetailOut(BaseModel):
+    """A user with their effective quota, its per-user overrides and their usage."""
+
+    name: str
+    admin: bool
+    created_at: datetime
+    quota: QuotaOut
+    quota_overrides: QuotaOut
+    quota_exempt: bool = Field(description="admins are not held to quotas")
+    usage: UsageOut
 
 
 class ClusterCreate(BaseModel):

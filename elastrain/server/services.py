@@ -27,6 +27,7 @@ from elastrain.db.models import (
     Framework,
     RestartPolicy,
     User,
+    utcnow,
 )
 from elastrain.db.repository import (
     add_event,
@@ -36,12 +37,12 @@ from elastrain.db.repository import (
     events_for,
     find_cluster,
     user_by_name,
-    user_by_token,
     visible_clusters,
 )
 from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
-from elastrain.server import schemas
+from elastrain.server import quotas, schemas, tokens
+from elastrain.server.access_log import note_user
 from elastrain.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.reconciler import Reconciler, aware, container_spec
@@ -54,6 +55,7 @@ from elastrain.server.validation import (
     format_size,
     parse_mount,
     parse_size,
+    server_state,
 )
 
 EXEC_ID_ENV = "ELASTRAIN_EXEC_ID"  # marks the processes of one exec call, so they can be stopped
@@ -120,6 +122,19 @@ def check_owner(cluster: Cluster, user: User) -> None:
         raise Forbidden(f"only the owner of cluster {cluster.name!r} can run commands in it")
 
 
+HOST_COMMANDS_REFUSED = (
+    "this server runs the process backend, which isolates nothing; exec/terminal/jobs are refused unless "
+    "the server is started with --insecure-process-backend (or use --backend container)"
+)
+
+
+def check_host_commands(allowed: bool) -> None:
+    """Refuse running a tenant's command (exec, job, terminal) where it would run unisolated on the host
+    (the process backend, unless the server was started with --insecure-process-backend)."""
+    if not allowed:
+        raise Forbidden(HOST_COMMANDS_REFUSED)
+
+
 def rewrite_command(command: list[str], hostfile: Path, mounts: dict[str, Path]) -> list[str]:
     """Map container paths in `command` to this machine: the hostfile and the mount targets.
 
@@ -153,25 +168,32 @@ class Services:
     inventory: Inventory
     reconciler: Reconciler
     allowed_mount_roots: list[Path] = field(default_factory=list)
+    data_dir: Path | None = None  # no mount may expose it (`validation.check_not_protected`)
     on_change: Callable[[], None] | None = None
     attach_env: Callable[[User, str], dict[str, str]] | None = None  # JobService.attach_env
+    host_commands_allowed: bool = True  # False: the process backend without --insecure-process-backend
 
     # --- users -------------------------------------------------------------------------------------
     def authenticate(self, session: Session, token: str) -> User | None:
-        """The user owning `token` (None for an unknown token)."""
-        return user_by_token(session, token)
+        """The user owning `token` (None for an unknown token; `Unauthorized`, saying why, for an
+        expired or revoked one). A found user is noted for the request's access-log line."""
+        user = tokens.authenticate(session, token)
+        if user is not None:
+            note_user(user.name)
+        return user
 
     def create_user(self, actor: User, req: schemas.UserCreate) -> schemas.UserOut:
         """Create a user and their first token (admins only)."""
         if not actor.is_admin:
             raise Forbidden("only an admin can create users")
         check_name(req.name, "user name")
+        expires = tokens.resolve_expiry(utcnow(), req.token_expires_in_days, req.token_expires_at)
         with self.db.session() as session:
             if user_by_name(session, req.name) is not None:
                 raise Conflict(f"user {req.name!r} exists already")
-            user, token = create_user(session, req.name, req.admin)
+            user, token = create_user(session, req.name, req.admin, expires_at=expires)
             add_event(session, actor.name, "user.created", user=req.name, admin=req.admin)
-            return schemas.UserOut(name=user.name, admin=user.is_admin, token=token)
+            return schemas.UserOut(name=user.name, admin=user.is_admin, token=token, token_expires_at=expires)
 
     # --- clusters ----------------------------------------------------------------------------------
     def _get(self, session: Session, user: User, name: str) -> Cluster:
@@ -222,7 +244,8 @@ class Services:
                 f"shm {req.shm} is larger than the memory limit {req.memory}: /dev/shm counts against "
                 "the container's memory; ask for less shm or more memory"
             )
-        mounts = [parse_mount(m, self.allowed_mount_roots) for m in req.mounts]
+        state = server_state(self.data_dir, self.db.url)
+        mounts = [parse_mount(m, self.allowed_mount_roots, *state) for m in req.mounts]
         if len({m.target for m in mounts}) != len(mounts):
             raise InvalidRequest("two mounts share a target path; give each mount its own target")
         try:
@@ -232,6 +255,7 @@ class Services:
         with self.db.session() as session:
             if cluster_by_name(session, req.name) is not None:
                 raise Conflict(f"cluster name {req.name!r} is taken; pick another name")
+            quotas.check_create(session, user, req.containers, high, req.gpus_per_container)
             cluster = Cluster(
                 name=req.name,
                 uid=secrets.token_hex(8),
@@ -284,6 +308,7 @@ class Services:
             self._check_gpu_total(containers, cluster.gpus_per_container)
             if cluster.min_containers is not None and cluster.max_containers is not None:
                 check_bounds(containers, cluster.min_containers, cluster.max_containers)
+            quotas.check_scale(session, user, cluster, containers)
             before = cluster.desired_containers
             cluster.desired_containers = containers
             cluster.size_reason = f"scaled by {user.name}"
@@ -370,6 +395,7 @@ class Services:
     # --- exec --------------------------------------------------------------------------------------
     def exec_stream(self, user: User, name: str, req: schemas.ExecRequest) -> Iterator[bytes]:
         """Start the command in the launcher container; returns NDJSON chunks: {"out"}... then {"exit"}."""
+        check_host_commands(self.host_commands_allowed)
         with self.db.session() as session:
             cluster = self._get(session, user, name)
             check_owner(cluster, user)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from elastrain.backends.api import Mount
 from elastrain.db.models import Framework
-from elastrain.server.errors import InvalidRequest
+from elastrain.db.session import sqlite_path
+from elastrain.server.errors import Forbidden, InvalidRequest
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?|[kmgtp]i?|[KMGTP]?B?|)\s*$")
@@ -99,8 +101,37 @@ def format_size(size: int) -> str:
     return str(size)
 
 
-def parse_mount(spec: str, allowed_roots: list[Path]) -> Mount:
-    """``SOURCE:TARGET`` with an absolute, existing SOURCE inside an allowed root and an absolute TARGET."""
+def server_state(data_dir: Path | None, db_url: str) -> tuple[list[Path], list[Path]]:
+    """What no mount may expose: the data directory (a tree) and the files of an SQLite database."""
+    db = sqlite_path(db_url)
+    files = [db.with_name(db.name + suffix) for suffix in ("", "-wal", "-shm", "-journal")] if db else []
+    return ([data_dir] if data_dir is not None else []), files
+
+
+def check_not_protected(source: str, real: Path, trees: Sequence[Path], files: Sequence[Path]) -> None:
+    """Refuse (403) a mount of the server's own state: a `trees` directory (the data directory), anything
+    inside one or holding one, or a `files` file (the database elsewhere) or a directory holding it."""
+    for tree in (t.resolve() for t in trees):
+        if real == tree or tree in real.parents or real in tree.parents:
+            where = "is" if real == tree else "is inside" if tree in real.parents else "holds"
+            raise Forbidden(
+                f"mount source {source} {where} the server's data directory (its database and tokens); "
+                "mount a directory of your own data"
+            )
+    for file in (f.resolve() for f in files):
+        if real == file or real in file.parents:
+            where = "is" if real == file else "holds"
+            raise Forbidden(f"mount source {source} {where} the server's database; mount another directory")
+
+
+def parse_mount(
+    spec: str,
+    allowed_roots: list[Path],
+    protected_trees: Sequence[Path] = (),
+    protected_files: Sequence[Path] = (),
+) -> Mount:
+    """``SOURCE:TARGET`` with an absolute, existing SOURCE inside an allowed root and an absolute TARGET;
+    the source (links resolved) never exposes the server's own state (`check_not_protected`)."""
     source, sep, target = str(spec).rpartition(":")
     if not sep or not source or not target:
         raise InvalidRequest(f"mount {spec!r} is not SOURCE:TARGET; write e.g. /home/me/data:/data")
@@ -124,4 +155,17 @@ def parse_mount(spec: str, allowed_roots: list[Path]) -> Mount:
             f"mount source {source} is outside the allowed roots ({listed}); "
             "start the server with --allow-mount DIR to allow it"
         )
+    check_not_protected(source, real, protected_trees, protected_files)
     return Mount(str(real), "/" + target.strip("/"))
+
+
+def check_mount_unchanged(mount: Mount) -> None:
+    """Refuse (at container start) a mount whose source no longer resolves to itself: it was stored
+    resolved, so a link now in its path (e.g. one a tenant made in a mounted directory) points it elsewhere,
+    perhaps at what `check_not_protected` refused."""
+    real = os.path.realpath(mount.source)
+    if real != mount.source:
+        raise Forbidden(
+            f"mount source {mount.source} now leads elsewhere through a symbolic link; refused "
+            "(replace the link by the directory, or delete and recreate the cluster)"
+        )

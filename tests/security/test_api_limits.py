@@ -69,6 +69,7 @@ def server() -> Iterator[Server]:
         str(root / "data"),
     ]
     argv += ["--gpus", "0", "--backend", "process", "--allow-mount", str(root), "--reconcile-interval", "0.2"]
+    argv += ["--insecure-process-backend"]  # the audit and cancel attacks need jobs on this backend
     env = {k: v for k, v in os.environ.items() if k != "ELASTRAIN_MAX_BODY_BYTES"}
     with open(root / "server.log", "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
@@ -144,6 +145,7 @@ def _send_quietly(sock: socket.socket, payload: memoryview, total: int) -> int:
     return sent
 
 
+@pytest.mark.attack
 def test_unauthenticated_huge_body_is_refused_unread(server: Server) -> None:
     size = 31 * (1 << 20)
     block = memoryview(b"x" * (1 << 20))
@@ -163,6 +165,7 @@ def test_unauthenticated_huge_body_is_refused_unread(server: Server) -> None:
     assert grown_mib < 20, f"server RSS grew by {grown_mib:.1f} MiB"
 
 
+@pytest.mark.attack
 @pytest.mark.parametrize(
     "path",
     [
@@ -181,6 +184,7 @@ def test_unauthenticated_bodies_answer_401_before_the_body(server: Server, path:
     assert status == 401, answer
 
 
+@pytest.mark.attack
 def test_chunked_unauthenticated_body_is_refused(server: Server) -> None:
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(_head("POST", "/api/v1/users", {"Transfer-Encoding": "chunked"}) + b'4\r\n{"a"\r\n')
@@ -188,6 +192,7 @@ def test_chunked_unauthenticated_body_is_refused(server: Server) -> None:
     assert status == 401, answer
 
 
+@pytest.mark.attack
 def test_authenticated_body_over_the_cap_answers_413(server: Server) -> None:
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         headers = {"Authorization": f"Bearer {server.token}", "Content-Length": str(2 * CAP)}
@@ -198,6 +203,7 @@ def test_authenticated_body_over_the_cap_answers_413(server: Server) -> None:
     assert b"413" in body and b"too large" in body
 
 
+@pytest.mark.attack
 def test_authenticated_chunked_body_growing_past_the_cap_answers_413(server: Server) -> None:
     chunk = b"%x\r\n" % (64 * 1024) + b" " * (64 * 1024) + b"\r\n"
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
@@ -214,6 +220,7 @@ def test_authenticated_chunked_body_growing_past_the_cap_answers_413(server: Ser
     assert sent < 8 * CAP
 
 
+@pytest.mark.attack
 def test_huge_integers_answer_404_or_422(server: Server) -> None:
     with server.http() as api, server.http(token="") as anonymous:
         answers = {
@@ -265,6 +272,7 @@ def test_normal_requests_still_work(server: Server) -> None:
         assert forged.status_code == 401
 
 
+@pytest.mark.attack
 def test_body_authorizer_accepts_only_valid_credentials() -> None:
     """The pre-body check, in process: bearer lookup, the job's own report token, an attach token."""
     import contextlib

@@ -32,6 +32,7 @@ def _running(api: httpx.Client, name: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.attack
 def test_a_reused_cluster_name_sees_none_of_the_old_events(server: Server) -> None:  # noqa: F811
     with server.http() as admin:
         alice, bob = _user(admin, "audit-alice"), _user(admin, "audit-bob")

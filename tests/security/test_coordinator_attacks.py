@@ -132,6 +132,7 @@ def no_ghosts(coord: Coordinator) -> bool:
     return not live_workers and not ghost_agents
 
 
+@pytest.mark.attack
 def test_half_sent_frames_are_bounded_and_closed_by_the_deadline(coordinator: Coordinator) -> None:
     before = threading.active_count()
     socks = []
@@ -154,6 +155,7 @@ def test_half_sent_frames_are_bounded_and_closed_by_the_deadline(coordinator: Co
     legit_worker_joins(coordinator)
 
 
+@pytest.mark.attack
 def test_slowloris_hello_is_cut_at_the_deadline(coordinator: Coordinator) -> None:
     sock = connect(coordinator)
     body = frame({"type": "hello", "token": TOKEN, "role": "agent", "host": "h1", "id": 1})
@@ -174,6 +176,7 @@ def test_slowloris_hello_is_cut_at_the_deadline(coordinator: Coordinator) -> Non
     sock.close()
 
 
+@pytest.mark.attack
 def test_huge_length_prefix_is_refused_without_buffering(coordinator: Coordinator) -> None:
     rss_before = rss_bytes()
     socks = [connect(coordinator) for _ in range(4)]
@@ -202,6 +205,7 @@ def test_huge_length_prefix_is_refused_without_buffering(coordinator: Coordinato
     legit_worker_joins(coordinator)
 
 
+@pytest.mark.attack
 def test_wrong_token_of_equal_length_is_refused(coordinator: Coordinator) -> None:
     wrong = TOKEN[:-1] + ("0" if TOKEN[-1] != "0" else "1")
     assert len(wrong) == len(TOKEN)
@@ -325,6 +329,7 @@ def _authenticated(coord: Coordinator, role: str, name: str) -> socket.socket:
     return sock
 
 
+@pytest.mark.attack
 def test_fuzzed_frames_from_authenticated_peers(coordinator: Coordinator) -> None:
     rng = random.Random(14)
     threads = {t.name for t in threading.enumerate()}
@@ -361,6 +366,7 @@ def test_fuzzed_frames_from_authenticated_peers(coordinator: Coordinator) -> Non
     legit_worker_joins(coordinator, "legit-after-fuzz")
 
 
+@pytest.mark.attack
 def test_malformed_message_disconnects_and_cleans_up(coordinator: Coordinator) -> None:
     sock = _authenticated(coordinator, "worker", "w-bad")
     assert coordinator.workers["w-bad"].state == WorkerState.STARTING

@@ -47,6 +47,7 @@ def _running_cluster(api: httpx.Client, name: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.attack
 def test_cancel_never_signals_a_decoy(server: Server, decoy: subprocess.Popen[bytes]) -> None:  # noqa: F811
     assert "elastrain" in Path(f"/proc/{decoy.pid}/cmdline").read_text()
     with server.http() as api:
@@ -64,6 +65,7 @@ def test_cancel_never_signals_a_decoy(server: Server, decoy: subprocess.Popen[by
         api.delete("/clusters/cancel-decoy")
 
 
+@pytest.mark.attack
 def test_a_pid_outside_the_container_is_not_its_own(tmp_path: Path, decoy: subprocess.Popen[bytes]) -> None:
     """What `POST /jobs/attach` asks the backend: the decoy is no process of the container; a process
     started in the container is. Stopping the decoy's pid is refused."""

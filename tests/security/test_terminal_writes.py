@@ -9,6 +9,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+import pytest
+
 from elastrain.portal.terminal import PtyWriter, set_nonblocking
 
 MB = 1 << 20
@@ -44,6 +46,7 @@ async def ticker(stop: asyncio.Event) -> float:
     return worst
 
 
+@pytest.mark.attack
 def test_writing_1mb_to_a_pipe_nobody_reads_keeps_the_loop_responsive() -> None:
     async def main() -> None:
         read_fd, write_fd = os.pipe()

@@ -50,6 +50,7 @@ def test_the_payload_is_real(tmp_path: Path) -> None:
     assert marker.exists()
 
 
+@pytest.mark.attack
 def test_malicious_checkpoint_is_refused_without_running_code(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     Checkpointer(CheckpointPolicy(tmp_path / "ckpt", every_steps=1)).save(
@@ -75,6 +76,7 @@ def test_old_checkpoint_needing_unsafe_load_is_refused_with_one_line(tmp_path: P
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.attack
 def test_malicious_broadcast_is_refused_without_running_code(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     buffer = io.BytesIO()
@@ -109,6 +111,7 @@ def receive(monkeypatch: pytest.MonkeyPatch, state: State, payload: bytes) -> No
     state.sync(FakeRuntime())  # type: ignore[arg-type]
 
 
+@pytest.mark.attack
 def test_malicious_payload_through_sync_runs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     marker = tmp_path / "marker"
     buffer = io.BytesIO()
@@ -180,12 +183,14 @@ def test_counter_that_needs_pickle_is_refused_at_save() -> None:
 
 
 # ----- the broadcast source is never chosen on a claim alone ---------------------------------------
+@pytest.mark.attack
 def test_a_joiner_claiming_a_huge_step_is_not_the_source() -> None:
     steps = vetted_steps([("a", 100), ("b", 100)], [("evil", 10**9)], floor=50)
     assert steps == [100, 100, 0]
     assert steps.index(max(steps)) == 0
 
 
+@pytest.mark.attack
 def test_a_member_claiming_beyond_the_others_is_not_the_source() -> None:
     assert vetted_steps([("evil", 10**9), ("a", 100)], [], floor=50) == [-1, 100]
     assert vetted_steps([("a", 100), ("evil", 10**9), ("b", 100)], [], floor=50) == [100, -1, 100]

@@ -10,6 +10,12 @@ generation (elastrain announces a new generation; all ranks stop at the same com
 broadcasts from the member with the most commits (Horovod: from rank 0; here rank 0 may be a worker
 that just joined), and only when the generation needs it (a new worker, or members at different
 commits). Plain attributes are deep-copied at each commit (Horovod keeps references).
+
+The sync never unpickles code (Horovod pickles): it goes through ``functions.broadcast_state``
+(``torch.load(weights_only=True)`` on the receiving ranks), so ``ObjectState``/``TorchState``
+attributes must be numbers, strings, tensors, numpy arrays or lists/tuples/dicts of them (numpy
+values are tagged on the way, as elastrain's own ``State`` counters are); another object is refused
+at the sync with a message naming the attribute.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ from typing import Any
 
 import torch
 
+from elastrain.errors import ConfigError
 from elastrain.horovod import basics
 from elastrain.horovod.elastic.sampler import ElasticSampler
 from elastrain.horovod.errors import HostsUpdatedInterrupt
-from elastrain.horovod.functions import broadcast_object
+from elastrain.horovod.functions import broadcast_state
 from elastrain.horovod.ops import guard
 from elastrain.runtime.progress import ProgressReporter
+from elastrain.runtime.safe_load import decode_counters, encode_counters
 
 
 class State:
@@ -102,7 +110,7 @@ class State:
         n = rt.world_size
         if n > 1 and (generation is None or generation.sync_state):
             src = generation.src_rank if generation is not None else 0
-            payload = broadcast_object(self._capture() if rt.rank == src else None, src, name="state")
+            payload = broadcast_state(self._capture, src, "elastic state")
             if rt.rank != src:
                 self._apply(payload)
         self._after_sync()
@@ -163,11 +171,16 @@ class ObjectState(State):
             setattr(self, name, copy.deepcopy(value))
 
     def _capture(self) -> dict[str, Any]:
-        return {**super()._capture(), "attrs": {name: getattr(self, name) for name in self._saved_state}}
+        attrs = {name: getattr(self, name) for name in self._saved_state}
+        try:
+            encoded = encode_counters(attrs)
+        except ConfigError as exc:
+            raise ConfigError(f"hvd.elastic state sync (sent without pickle): {exc}") from None
+        return {**super()._capture(), "attrs": encoded}
 
     def _apply(self, payload: dict[str, Any]) -> None:
         super()._apply(payload)
-        for name, value in payload["attrs"].items():
+        for name, value in decode_counters(payload["attrs"]).items():
             setattr(self, name, value)
             self._saved_state.setdefault(name, None)
 

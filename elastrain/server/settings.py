@@ -1,0 +1,199 @@
+"""`elastrain server`'s settings: flags, environment, a settings file, defaults (in that order).
+
+Every setting has a flag, an environment variable and a key of the settings file::
+
+    --host                      ELASTRAIN_SERVER_HOST          --port             ELASTRAIN_SERVER_PORT
+    --data-dir                  ELASTRAIN_SERVER_DATA_DIR      --backend          ELASTRAIN_SERVER_BACKEND
+    --db                        ELASTRAIN_DB                   --gpus             ELASTRAIN_GPUS
+    --allow-mount               ELASTRAIN_ALLOW_MOUNT (DIR:DIR...)
+    --drain-seconds             ELASTRAIN_DRAIN_SECONDS        --max-body-bytes   ELASTRAIN_MAX_BODY_BYTES
+    --reconcile-interval        ELASTRAIN_RECONCILE_INTERVAL   --scheduler        ELASTRAIN_SCHEDULER
+    --insecure-process-backend  ELASTRAIN_INSECURE_PROCESS_BACKEND (1/true/yes)
+    --quota-clusters            ELASTRAIN_QUOTA_CLUSTERS       --quota-containers ELASTRAIN_QUOTA_CONTAINERS
+    --quota-gpus                ELASTRAIN_QUOTA_GPUS   (per-user defaults; `elastrain user quota` overrides)
+
+(host, port, data dir and backend carry ``SERVER_``: ELASTRAIN_HOST, ELASTRAIN_DATA_DIR and
+ELASTRAIN_BACKEND already mean other things to workers and examples.) The settings file
+(``--config FILE`` or ``ELASTRAIN_CONFIG``) holds ``NAME=VALUE`` lines with the environment's names
+(``.env`` syntax: ``#`` comments, optional quotes). A database password belongs in ``ELASTRAIN_DB`` or
+in that file (mode 0600), never in ``--db``: a command line is visible to every user in ``ps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from elastrain.errors import ConfigError
+from elastrain.server.main import DEFAULT_DATA_DIR
+from elastrain.server.quotas import DEFAULT_MAX_CLUSTERS, DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_GPUS
+
+CONFIG_ENV = "ELASTRAIN_CONFIG"
+DB_ENV = "ELASTRAIN_DB"
+
+# field -> (flag, environment variable / settings-file key)
+NAMES: dict[str, tuple[str, str]] = {
+    "host": ("--host", "ELASTRAIN_SERVER_HOST"),
+    "port": ("--port", "ELASTRAIN_SERVER_PORT"),
+    "data_dir": ("--data-dir", "ELASTRAIN_SERVER_DATA_DIR"),
+    "db": ("--db", DB_ENV),
+    "gpus": ("--gpus", "ELASTRAIN_GPUS"),
+    "backend": ("--backend", "ELASTRAIN_SERVER_BACKEND"),
+    "allow_mount": ("--allow-mount", "ELASTRAIN_ALLOW_MOUNT"),
+    "drain_seconds": ("--drain-seconds", "ELASTRAIN_DRAIN_SECONDS"),
+    "max_body_bytes": ("--max-body-bytes", "ELASTRAIN_MAX_BODY_BYTES"),
+    "reconcile_interval": ("--reconcile-interval", "ELASTRAIN_RECONCILE_INTERVAL"),
+    "scheduler": ("--scheduler", "ELASTRAIN_SCHEDULER"),
+    "insecure_process_backend": ("--insecure-process-backend", "ELASTRAIN_INSECURE_PROCESS_BACKEND"),
+    "quota_clusters": ("--quota-clusters", "ELASTRAIN_QUOTA_CLUSTERS"),
+    "quota_containers": ("--quota-containers", "ELASTRAIN_QUOTA_CONTAINERS"),
+    "quota_gpus": ("--quota-gpus", "ELASTRAIN_QUOTA_GPUS"),
+}
+ENV_TO_FIELD = {env: name for name, (_flag, env) in NAMES.items()}
+
+
+def _env(name: str) -> str:
+    return NAMES[name][1]
+
+
+class ServerSettings(BaseSettings):
+    """The resolved settings of one `elastrain server` (see the module docstring for the names)."""
+
+    model_config = SettingsConfigDict(env_prefix="ELASTRAIN_", env_ignore_empty=True, extra="ignore")
+
+    host: str = Field("127.0.0.1", validation_alias=_env("host"))
+    port: int = Field(8080, validation_alias=_env("port"))
+    data_dir: Path = Field(DEFAULT_DATA_DIR, validation_alias=_env("data_dir"))
+    db: str | None = Field(None, validation_alias=_env("db"))
+    gpus: int | None = Field(None, validation_alias=_env("gpus"))
+    backend: Literal["container", "process", "local", "slurm"] | None = Field(
+        None, validation_alias=_env("backend")
+    )
+    allow_mount: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, validation_alias=_env("allow_mount")
+    )
+    drain_seconds: float = Field(30.0, validation_alias=_env("drain_seconds"))
+    max_body_bytes: int | None = Field(None, validation_alias=_env("max_body_bytes"))
+    reconcile_interval: float = Field(0.5, validation_alias=_env("reconcile_interval"))
+    scheduler: Literal["static", "elastic"] = Field("static", validation_alias=_env("scheduler"))
+    insecure_process_backend: bool = Field(False, validation_alias=_env("insecure_process_backend"))
+    quota_clusters: int | None = Field(DEFAULT_MAX_CLUSTERS, ge=0, validation_alias=_env("quota_clusters"))
+    quota_containers: int | None = Field(
+        DEFAULT_MAX_CONTAINERS, ge=0, validation_alias=_env("quota_containers")
+    )
+    quota_gpus: int | None = Field(DEFAULT_MAX_GPUS, ge=0, validation_alias=_env("quota_gpus"))
+
+    @field_validator("allow_mount", mode="before")
+    @classmethod
+    def _split_paths(cls, value: object) -> object:
+        """``ELASTRAIN_ALLOW_MOUNT=/a:/b`` (a PATH-like list) as well as a list from the flags."""
+        if isinstance(value, str):
+            return [part for part in value.split(os.pathsep) if part.strip()]
+        return value
+
+    def apply_to(self, args: argparse.Namespace) -> None:
+        """Write every setting onto `args` (what `run_server` and `make_backend` read)."""
+        for name in NAMES:
+            setattr(args, name, getattr(self, name))
+
+
+def host_commands_allowed(backend: str | None, insecure_process_backend: bool) -> bool:
+    """Whether tenants may run commands (exec, jobs, terminal): always, except on the process backend
+    without --insecure-process-backend (there they would run as this server's user, on the host)."""
+    return backend not in ("process", "local") or insecure_process_backend
+
+
+def db_url_has_password(url: str) -> bool:
+    """`url` carries a password (``scheme://user:PASS@host/db`` or ``?password=PASS``)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return False
+    return bool(password) or bool(parse_qs(parts.query).get("password"))
+
+
+def _config_path(flag: Path | None, environ: Mapping[str, str]) -> Path | None:
+    path = flag if flag is not None else (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)
+    if path is None:
+        return None
+    path = path.expanduser()
+    if not path.is_file():
+        raise ConfigError(f"settings file {path} not found (--config / {CONFIG_ENV})")
+    return path
+
+
+def check_config_file(path: Path) -> None:
+    """Refuse a settings file with unknown names, or with a database password others can read."""
+    from dotenv import dotenv_values
+
+    try:
+        values = dotenv_values(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read settings file {path}: {exc}") from None
+    for key in values:
+        if key.upper() not in ENV_TO_FIELD:
+            raise ConfigError(
+                f"settings file {path}: unknown name {key!r}; known: {', '.join(sorted(ENV_TO_FIELD))}"
+            )
+    db = next((v for k, v in values.items() if k.upper() == DB_ENV), None)
+    if db and db_url_has_password(db) and stat.S_IMODE(path.stat().st_mode) & 0o077:
+        raise ConfigError(
+            f"settings file {path} holds a database password but other users may read it; chmod 600 {path}"
+        )
+
+
+def _one_line(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    loc = str(first["loc"][0]) if first["loc"] else ""
+    field = ENV_TO_FIELD.get(loc.upper(), loc)
+    flag, env = NAMES.get(field, (loc, loc))
+    got = "" if field == "db" else f" (got {first.get('input')!r})"  # never echo a database URL
+    return f"invalid server setting {flag} / {env}: {first['msg']}{got}"
+
+
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given as flags (argparse defaults are None: an absent flag leaves env/file/default)."""
+    given = {name: getattr(args, name, None) for name in NAMES}
+    if given["allow_mount"] == []:
+        given["allow_mount"] = None
+    if given["db"] and db_url_has_password(given["db"]):
+        raise ConfigError(
+            f"--db carries a password, which every user sees in `ps`; put the URL in ${DB_ENV} "
+            f"(environment) or in a 0600 settings file (--config FILE, {DB_ENV}=...) instead"
+        )
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def load_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerSettings:
+    """Resolve flag > environment > settings file > default; bad values are one-line ConfigErrors.
+
+    `environ` is only consulted for ``ELASTRAIN_CONFIG``; the settings themselves come from
+    ``os.environ`` (pydantic-settings reads it).
+    """
+    env = os.environ if environ is None else environ
+    flags = flag_values(args)
+    config = _config_path(getattr(args, "config", None), env)
+    if config is not None:
+        check_config_file(config)
+    init = {_env(name): value for name, value in flags.items()}
+    try:
+        return ServerSettings(_env_file=config, **init)  # type: ignore[call-arg]
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+
+
+def scrub_secrets_from_environment() -> None:
+    """Drop ``ELASTRAIN_DB`` from this process's environment once read, so that nothing the server
+    starts (the process backend's commands, Slurm jobs, portal shells) inherits the password."""
+    os.environ.pop(DB_ENV, None)
+    for key in [k for k in os.environ if k.upper() == DB_ENV]:
+        os.environ.pop(key, None)
