@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps image test-fast audit
+.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps image test-fast audit openapi fuzz
 
 install: $(STAMP)
 
@@ -75,6 +75,19 @@ test: lint audit portal-deps slurm-deps container-deps
 SEED ?= $(shell date +%s)
 soak: install
 	$(VENV)/bin/elastrain chaos --scenario soak --faults 50 --seed $(SEED) --json artifacts/soak.json
+
+# the published API schema: docs/openapi.json from the app itself (tests/contract fails when it is stale)
+openapi: install
+	$(PY) scripts/export_openapi.py
+
+# schemathesis against a live server, longer than `make test`'s run (seed 7) and with a random seed:
+# the seed is printed first; SEED=N reproduces a run, FUZZ_EXAMPLES sets the examples per operation
+FUZZ_EXAMPLES ?= 150
+fuzz: install
+	@seed=$(SEED); echo "fuzz seed: $$seed (make fuzz SEED=$$seed reproduces it)"; \
+	  ELASTRAIN_FUZZ_SEED=$$seed ELASTRAIN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
+	  $(PY) -m pytest -q -p no:cacheprovider -rxXs tests/contract/test_schemathesis.py; \
+	  status=$$?; echo "fuzz seed: $$seed"; exit $$status
 
 bench: install
 	$(PY) bench/vs_torchrun.py --json artifacts/bench.json

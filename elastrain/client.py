@@ -24,11 +24,28 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 class ClientError(ElastrainError):
-    """The server refused a request (4xx/5xx) or could not be reached; `status` is 0 for the latter."""
+    """The server refused a request (4xx/5xx) or could not be reached; `status` is 0 for the latter.
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    From a problem-details answer (RFC 9457): `problem_type` is its ``type`` URI and `errors` its
+    ``(loc, message)`` pairs, one per bad field (a 422 names every one).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 0,
+        *,
+        errors: list[tuple[str, str]] | None = None,
+        problem_type: str = "",
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.errors = list(errors or [])
+        self.problem_type = problem_type
+
+    def field_lines(self) -> list[str]:
+        """One ``FIELD: message`` line per bad field (``body.`` left out), for printing after the message."""
+        return [f"{loc.removeprefix('body.')}: {message}" for loc, message in self.errors]
 
 
 @dataclass(frozen=True)
@@ -406,8 +423,24 @@ def report_progress(**values: float | int | None) -> bool:
 
 
 def _error(response: httpx.Response) -> ClientError:
+    """The `ClientError` of a refusal: problem details (``detail``, ``errors``), else the text."""
     try:
-        message = str(response.json().get("error") or response.text)
+        data = response.json()
     except ValueError:
+        data = None
+    if not isinstance(data, dict):
         message = response.text.strip() or response.reason_phrase
-    return ClientError(f"{message} (HTTP {response.status_code})", response.status_code)
+        return ClientError(f"{message} (HTTP {response.status_code})", response.status_code)
+    message = str(data.get("detail") or data.get("error") or response.text.strip() or response.reason_phrase)
+    found = data.get("errors")
+    errors = [
+        (str(e.get("loc", "")), str(e.get("message", "")))
+        for e in (found if isinstance(found, list) else [])
+        if isinstance(e, dict)
+    ]
+    return ClientError(
+        f"{message} (HTTP {response.status_code})",
+        response.status_code,
+        errors=errors,
+        problem_type=str(data.get("type") or ""),
+    )

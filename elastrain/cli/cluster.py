@@ -227,6 +227,10 @@ def _create(client: Client, args: argparse.Namespace) -> int:
         cluster = client.wait_cluster(args.name, _all_running, timeout=120)
     workers = cluster.desired_containers - 1
     print(f"cluster {cluster.name} created: 1 launcher + {workers} worker(s), state {cluster.state}")
+    from elastrain.examples import first_job_command  # the portal's job box holds the same command
+
+    first_job = first_job_command(cluster.desired_containers, cluster.gpus_per_container)
+    print(f"next, its first job: elastrain job submit {cluster.name} -- {first_job}")
     return 0
 
 

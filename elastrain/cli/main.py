@@ -1,4 +1,5 @@
-"""`elastrain`: run, agent, hosts, demo. Bad input is one line on stderr and exit code 2."""
+"""`elastrain`: run, agent, hosts, demo. Bad input is one line on stderr and exit code 2; a request the
+server refuses for several fields adds one indented line per field."""
 
 from __future__ import annotations
 
@@ -57,6 +58,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(json_path=args.json, epochs=args.epochs, workdir=args.workdir)
 
 
+def _error_lines(exc: ElastrainError) -> list[str]:
+    """The message; for a refusal naming several fields, a summary then ``  FIELD: message`` per field
+    (the server's one-line detail holds them all, so it is not printed twice)."""
+    from elastrain.client import ClientError
+
+    if not isinstance(exc, ClientError) or len(exc.errors) < 2:
+        return [str(exc)]
+    fields = ", ".join(dict.fromkeys(line.split(":")[0] for line in exc.field_lines()))
+    head = f"invalid request: {len(exc.errors)} problems ({fields}) (HTTP {exc.status})"
+    return [head, *(f"  {line}" for line in exc.field_lines())]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full command-line parser."""
     parser = _Parser(prog="elastrain", description="Elastic distributed training.")
@@ -107,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.cmd](args)
     except ElastrainError as exc:
-        print(f"elastrain {args.cmd}: error: {exc}", file=sys.stderr)
+        for line in _error_lines(exc):  # a request refused for several fields: one line each
+            print(f"elastrain {args.cmd}: error: {line}" if line[:1] != " " else line, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -15,14 +15,42 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(timezone.utc)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp stored and read back as zone-aware UTC on every database: ``timestamp with time
+    zone`` on PostgreSQL; SQLite, which has no zone type, keeps the UTC wall time (same DDL as
+    ``DateTime(timezone=True)``, so no migration). A naive value written is taken as UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def __init__(self) -> None:
+        super().__init__(timezone=True)
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """UTC before it is stored (SQLite would keep another zone's wall time as if it were UTC)."""
+        return _utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Zone-aware UTC, also from SQLite."""
+        return _utc(value)
 
 
 class Framework(str, enum.Enum):
@@ -91,7 +119,7 @@ class User(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     # migration 0006: per-user quotas (None: the server default, elastrain.server.quotas)
     quota_clusters: Mapped[int | None] = mapped_column(Integer, nullable=True)
     quota_containers: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -106,12 +134,12 @@ class ApiToken(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     # migration 0006: a label, expiry (None: never), revocation and last use (updated at most once a minute)
     name: Mapped[str] = mapped_column(String(63), default="")
-    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    last_used_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     user: Mapped[User] = relationship(back_populates="tokens")
 
 
@@ -148,7 +176,7 @@ class Cluster(Base):
     # migration 0004: per-container limits (0: none)
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     cpus: Mapped[float] = mapped_column(Float, default=0.0)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     containers: Mapped[list[Container]] = relationship(
         back_populates="cluster", cascade="all, delete-orphan", order_by="Container.id"
     )
@@ -172,8 +200,8 @@ class Container(Base):
     )
     reason: Mapped[str] = mapped_column(Text, default="")
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    terminating_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    terminating_since: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     cluster: Mapped[Cluster] = relationship(back_populates="containers")
 
 
@@ -193,8 +221,8 @@ class Job(Base):
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     samples_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     world_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     report_token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)  # migration 0002
     log_path: Mapped[str] = mapped_column(Text, default="")  # migration 0002
 
@@ -205,7 +233,7 @@ class JobMetric(Base):
     __tablename__ = "job_metrics"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -218,7 +246,7 @@ class Event(Base):
 
     __tablename__ = "events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, index=True)
     actor: Mapped[str] = mapped_column(String(63))
     action: Mapped[str] = mapped_column(String(63))
     cluster: Mapped[str] = mapped_column(String(63), default="", index=True)

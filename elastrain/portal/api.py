@@ -1,7 +1,8 @@
 """Browser-only API routes under ``/api/v1``: a job's metrics history and the launcher terminal.
 
 They follow the REST API's rules: a bearer token (the terminal sends it as its first WebSocket
-message, since browsers cannot set headers on a WebSocket), and only the owner sees a cluster or job.
+message, since browsers cannot set headers on a WebSocket), and only the owner sees a cluster or job;
+refusals of the metrics route are problem details, as every API refusal.
 """
 
 import asyncio
@@ -11,20 +12,21 @@ import pathlib
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, WebSocket, WebSocketDisconnect
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from sqlalchemy import select
 
 from elastrain.db.models import ContainerState, JobMetric, User
 from elastrain.db.repository import find_cluster
 from elastrain.portal.terminal import TerminalRegistry, TerminalSession, TerminalTarget
+from elastrain.server.auth import Credentials
 from elastrain.server.errors import Conflict, Forbidden, NotFound, Unauthorized
+from elastrain.server.fields import UtcDatetime
 from elastrain.server.jobs import JobService, launcher_of
-from elastrain.server.reconciler import aware, container_spec
+from elastrain.server.openapi import errors
+from elastrain.server.reconciler import container_spec
 from elastrain.server.services import Services, check_host_commands, check_owner
 
 log = logging.getLogger("elastrain.portal")
-_bearer = HTTPBearer(auto_error=False)
 AUTH_TIMEOUT_S = 10.0
 MAX_ID = 2**62  # database integers are 64-bit; larger ids are a 422, not a 500
 
@@ -33,7 +35,7 @@ class MetricOut(BaseModel):
     """One progress report of a job."""
 
     id: int
-    at: str
+    at: UtcDatetime
     step: int | None
     epoch: int | None
     loss: float | None
@@ -85,15 +87,20 @@ def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
     terminals = TerminalRegistry()
     app.router.on_shutdown.append(terminals.close_all)
 
-    def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> User:
+    def caller(credentials: Credentials) -> User:
         if credentials is None or credentials.scheme.lower() != "bearer":
             raise Unauthorized("missing bearer token; set ELASTRAIN_TOKEN or pass --token")
         return _user(services, credentials.credentials)
 
     api = APIRouter(prefix="/api/v1")
 
-    @api.get("/jobs/{job_id}/metrics", response_model=list[MetricOut], tags=["jobs"])
-    def job_metrics(
+    @api.get(
+        "/jobs/{job_id}/metrics",
+        response_model=list[MetricOut],
+        responses=errors(401, 404, 422),
+        tags=["jobs"],
+    )
+    def get_job_metrics(
         job_id: Annotated[int, Path(ge=0, le=MAX_ID)],
         user: Annotated[User, Depends(caller)],
         after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
@@ -111,7 +118,7 @@ def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
             return [
                 MetricOut(
                     id=m.id,
-                    at=(aware(m.at) or m.at).isoformat(),
+                    at=m.at,
                     step=m.step,
                     epoch=m.epoch,
                     loss=m.loss,

@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend
 from elastrain.backends.procs import cmdline, pid_alive
 from elastrain.db.models import (
     Cluster,
+    ClusterState,
     Container,
     ContainerRole,
     ContainerState,
@@ -54,6 +56,20 @@ _PROGRESS = re.compile(
     r"|generation \d+ formed: (?P<generation_world>\d+) workers"  # `elastrain run -v`
 )
 _FIELDS = ("step", "epoch", "loss", "samples_per_s", "world_size")
+
+
+def check_not_terminating(cluster: Cluster) -> None:
+    """Refuse (409) a new job in a cluster being deleted: its row goes away with the cluster."""
+    if cluster.state == ClusterState.Terminating:
+        raise Conflict(f"cluster {cluster.name!r} is being deleted")
+
+
+def _recheck_not_terminating(session: Session, cluster: Cluster) -> None:
+    """After the job row is written (the write lock held on SQLite; the cluster row key-share locked on
+    PostgreSQL): refuse it if the cluster was deleted, or marked for deletion, since it was read."""
+    state = session.scalar(select(Cluster.state).where(Cluster.id == cluster.id))
+    if state is None or state == ClusterState.Terminating:
+        raise Conflict(f"cluster {cluster.name!r} is being deleted")
 
 
 def launcher_of(cluster: Cluster) -> Container | None:
@@ -96,7 +112,7 @@ def job_out(job: Job, cluster: str) -> schemas.JobOut:
         id=job.id,
         cluster=cluster,
         command=json.loads(job.command),
-        status=job.status.value,
+        status=job.status,
         pid=job.pid,
         exit_code=job.exit_code,
         step=job.step,
@@ -136,6 +152,7 @@ class JobService:
         with self.db.session() as session:
             cluster = self._cluster(session, user, name)
             check_owner(cluster, user)
+            check_not_terminating(cluster)
             launcher = launcher_of(cluster)
             if launcher is None or launcher.state != ContainerState.Running:
                 raise Conflict(f"cluster {name!r} has no Running launcher yet; wait for it and retry")
@@ -168,7 +185,12 @@ class JobService:
             report_token_hash=hash_token(token),
         )
         session.add(job)
-        session.flush()
+        name = cluster.name  # read now: a failed flush expires every loaded object
+        try:
+            session.flush()
+        except IntegrityError as exc:  # the cluster's row went away under us (a delete finished)
+            raise Conflict(f"cluster {name!r} is being deleted") from exc
+        _recheck_not_terminating(session, cluster)
         log_path = self.backend.container_path(cluster.name, launcher, _log_path(job.id))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         owner = None if self.backend.translates_paths else tenant_uid(cluster.owner_id)
@@ -199,6 +221,7 @@ class JobService:
             cluster = find_cluster(session, user, owner[1]) if user is not None else None
             if user is None or cluster is None:
                 raise NotFound(f"cluster {owner[1]!r} not found")
+            check_not_terminating(cluster)
             launcher = launcher_of(cluster)
             if launcher is None:
                 raise Conflict(f"cluster {cluster.name!r} has no launcher container")

@@ -8,6 +8,7 @@
 - a body that grows past the cap while it is read (chunked, or a lying client) is answered 413.
 
 Refusals carry ``Connection: close``: the server does not read (nor keep) what the client still sends.
+They are problem details like every other refusal: `error` is `elastrain.server.problems.problem_response`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ MAX_BODY_ENV = "ELASTRAIN_MAX_BODY_BYTES"
 
 Authorizer = Callable[[str, Mapping[str, str]], bool]
 """``(path, lower-cased headers) -> whether the request carries a valid credential`` (may block)."""
-ErrorResponse = Callable[[int, str], Response]
+ErrorResponse = Callable[[int, str, str], Response]
+"""``(status, detail, request path) -> the refusal`` (problem details)."""
 
 
 def resolve_max_body_bytes(value: int | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -77,7 +79,7 @@ class BodyLimitMiddleware:
         self.protected_prefix = protected_prefix
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
-        response = self.error(status, message)
+        response = self.error(status, message, str(scope.get("path", "")))
         response.headers["Connection"] = "close"
         await response(scope, receive, send)
 

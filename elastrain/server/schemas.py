@@ -2,35 +2,110 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import enum
 from typing import Annotated
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+)
 
-from elastrain.rendezvous.api import Cause
+from elastrain.db.models import ClusterState, ContainerRole, ContainerState, Framework, RestartPolicy
+from elastrain.server.fields import (
+    MAX_DB_INT,  # re-exported: app.py
+    ClusterName,
+    Command,
+    ContainerCount,
+    ContainerName,
+    FrameworkName,
+    GpuCount,
+    MaxContainers,
+    MinContainers,
+    MountSpec,
+    OptionalSize,
+    RestartPolicyName,
+    SafeText,
+    Size,
+    UserName,
+    UtcDatetime,
+)
+from elastrain.server.job_schemas import (  # re-exported: the job routes' models as schemas.JobOut etc.
+    CheckpointOut,
+    CheckpointReport,
+    JobAttach,
+    JobAttached,
+    JobIncident,
+    JobOut,
+    JobProgress,
+    JobSubmit,
+)
 
-MAX_DB_INT = 2**63 - 1
-"""The largest integer a database column holds (64-bit signed): larger ids/offsets are a 422, not a 500."""
-Count = Annotated[int, Field(ge=0, le=MAX_DB_INT)]
-"""A non-negative integer stored in the database (step, epoch, bytes, ...)."""
-DbInt = Annotated[int, Field(ge=-MAX_DB_INT - 1, le=MAX_DB_INT)]
-"""Any integer a 64-bit database column holds."""
+__all__ = [  # re-exported from elsewhere (every model defined below is public as well)
+    "MAX_DB_INT",
+    "CheckpointOut",
+    "CheckpointReport",
+    "JobAttach",
+    "JobAttached",
+    "JobIncident",
+    "JobOut",
+    "JobProgress",
+    "JobSubmit",
+]
 MAX_TOKEN_DAYS = 3650
 """The longest an API token may be valid, in days."""
 
 
-class ErrorOut(BaseModel):
-    """Every refusal: a message that says what to fix, and the HTTP status."""
+def refuse_bool(value: object) -> object:
+    """A JSON ``true``/``false`` is no count (pydantic would read it as 1/0); whole floats pass."""
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not true/false")
+    return value
 
-    error: str
-    status: int
+
+def at_most_one_of(first: str, second: str) -> dict[str, JsonValue]:
+    """JSON Schema keywords for an object in which `first` and `second` are not both non-null (the
+    server refuses such a body with 422; null counts as absent)."""
+    not_null: JsonValue = {"not": {"type": "null"}}
+    return {"not": {"required": [first, second], "properties": {first: not_null, second: not_null}}}
+
+
+class FieldErrorOut(BaseModel):
+    """One bad value of a request: where it is and what is wrong with it."""
+
+    loc: str = Field(description="body.FIELD, query.NAME, path.NAME or header.NAME", examples=["body.name"])
+    message: str = Field(examples=["cluster name 'A' is not a DNS label: ..."])
+
+
+class ErrorOut(BaseModel):
+    """Every refusal, as RFC 9457 problem details (media type application/problem+json)."""
+
+    type: str = Field(
+        description="a URI naming the kind of problem", examples=["https://elastrain.dev/problems/validation"]
+    )
+    title: str = Field(description="the kind of problem, for people", examples=["Invalid request"])
+    status: int = Field(ge=400, le=599, description="the HTTP status of the answer", examples=[422])
+    detail: str = Field(description="one line: what is wrong and how to fix it")
+    instance: str = Field(description="the request path", examples=["/api/v1/clusters"])
+    errors: list[FieldErrorOut] = Field(
+        default_factory=list, description="validation problems (422) only: every bad field, in request order"
+    )
+    error: str = Field(
+        deprecated=True, description="deprecated: the same as `detail` (the old {error, status} shape)"
+    )
 
 
 class UserCreate(BaseModel):
-    """Create a user (admin only)."""
+    """Create a user (admin only): give at most one of `token_expires_in_days` and `token_expires_at`."""
 
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=63, description="DNS-label user name")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra=at_most_one_of("token_expires_in_days", "token_expires_at")
+    )
+    name: UserName = Field(description="DNS-label user name", examples=["alice"])
     admin: bool = False
     token_expires_in_days: int | None = Field(
         default=None, ge=1, le=MAX_TOKEN_DAYS, description="the first token expires after this many days"
@@ -46,36 +121,46 @@ class UserOut(BaseModel):
     name: str
     admin: bool
     token: str | None = None
-    token_expires_at: datetime | None = None
+    token_expires_at: UtcDatetime | None = None
 
 
 TokenName = Annotated[
     str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:+-]*$")
 ]
 """A token's label: letters, digits and ``._@:+-``."""
-QuotaValue = Annotated[int, Field(ge=0, le=1_000_000)]
+QuotaValue = Annotated[int, Field(ge=0, le=1_000_000), BeforeValidator(refuse_bool)]
 """One quota limit (0: none allowed)."""
 
 
 class TokenCreate(BaseModel):
     """Create an API token: give at most one of `expires_in_days` and `expires_at` (neither: never)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra=at_most_one_of("expires_in_days", "expires_at")
+    )
     name: TokenName = Field(default="token", description="a label to tell tokens apart")
     expires_in_days: int | None = Field(default=None, ge=1, le=MAX_TOKEN_DAYS)
     expires_at: AwareDatetime | None = Field(default=None, description="RFC 3339 with offset, e.g. ...Z")
 
 
+class TokenState(str, enum.Enum):
+    """Whether a token authenticates: only an active one does."""
+
+    active = "active"
+    expired = "expired"
+    revoked = "revoked"
+
+
 class TokenOut(BaseModel):
-    """An API token's metadata (never the token or its hash); `state`: active, expired or revoked."""
+    """An API token's metadata (never the token or its hash)."""
 
     id: int
     name: str
-    state: str
-    created_at: datetime
-    expires_at: datetime | None
-    revoked_at: datetime | None
-    last_used_at: datetime | None = Field(description="updated at most once a minute")
+    state: TokenState
+    created_at: UtcDatetime
+    expires_at: UtcDatetime | None
+    revoked_at: UtcDatetime | None
+    last_used_at: UtcDatetime | None = Field(description="updated at most once a minute")
 
 
 class TokenCreated(TokenOut):
@@ -122,7 +207,7 @@ class UserDetailOut(BaseModel):
 
     name: str
     admin: bool
-    created_at: datetime
+    created_at: UtcDatetime
     quota: QuotaOut
     quota_overrides: QuotaOut
     quota_exempt: bool = Field(description="admins are not held to quotas")
@@ -133,25 +218,35 @@ class ClusterCreate(BaseModel):
     """Create a cluster: one launcher plus `containers - 1` workers."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=200, description="DNS label, e.g. tthvd")
-    framework: str = Field(default="horovod", max_length=200)
-    containers: int = Field(default=2, description="total containers including the launcher (>= 2)")
-    gpus_per_container: int = 0
-    shm: str = Field(default="64Mi", max_length=64, description="shared-memory size, e.g. 512Mi or 2Gi")
-    image: str = Field(
+    name: ClusterName = Field(description="DNS label, e.g. tthvd", examples=["tthvd"])
+    framework: FrameworkName = Framework.horovod
+    containers: ContainerCount = Field(
+        default=2, description="total containers including the launcher (2: one launcher, one worker)"
+    )
+    gpus_per_container: GpuCount = Field(default=0, description="the node must have them all")
+    shm: Size = Field(default="64Mi", description="shared-memory size, e.g. 512Mi or 2Gi")
+    image: SafeText = Field(
         default="",
         max_length=255,
         description="image of every container (GET /api/v1/images); default: the framework's image",
     )
-    memory: str = Field(default="", max_length=64, description="memory limit per container, e.g. 4Gi")
+    memory: OptionalSize = Field(default="", description="memory limit per container, e.g. 4Gi ('': none)")
     cpus: float = Field(default=0.0, ge=0, le=4096, description="CPU limit per container in cores")
-    mounts: list[str] = Field(default_factory=list, description="SOURCE:TARGET, SOURCE absolute")
-    restart_policy: str = Field(default="Always", max_length=32)
-    min_containers: int | None = Field(
+    mounts: list[MountSpec] = Field(
+        default_factory=list,
+        max_length=64,
+        description="SOURCE:TARGET, both absolute and without '..'; SOURCE exists under the server's "
+        "--allow-mount roots (never its data directory); TARGET is not /, /etc, /etc/mpi, /var or /var/log",
+        examples=[["/home/me/data:/data"]],
+    )
+    restart_policy: RestartPolicyName = RestartPolicy.Always
+    min_containers: MinContainers | None = Field(
         default=None, description="elastic lower bound incl. the launcher (default: containers)"
     )
-    max_containers: int | None = Field(
-        default=None, description="elastic upper bound incl. the launcher (default: containers)"
+    max_containers: MaxContainers | None = Field(
+        default=None,
+        description="elastic upper bound incl. the launcher (default: containers); "
+        "min_containers <= containers <= max_containers",
     )
     priority: int = Field(
         default=0, ge=-1_000_000, le=1_000_000, description="higher is scheduled first and shrunk last"
@@ -162,21 +257,23 @@ class ClusterScale(BaseModel):
     """Change a cluster's container count (launcher included)."""
 
     model_config = ConfigDict(extra="forbid")
-    containers: int
+    containers: ContainerCount = Field(
+        description="total containers including the launcher; an elastic cluster stays within its bounds"
+    )
 
 
 class ContainerOut(BaseModel):
     """One container as observed."""
 
     name: str
-    role: str
+    role: ContainerRole
     address: str
     gpus: int
     gpu_ids: list[int]
-    state: str
+    state: ContainerState
     reason: str
     pid: int | None
-    started_at: datetime | None
+    started_at: UtcDatetime | None
 
 
 class ClusterOut(BaseModel):
@@ -184,8 +281,8 @@ class ClusterOut(BaseModel):
 
     name: str
     owner: str
-    framework: str
-    state: str
+    framework: Framework
+    state: ClusterState = Field(description="Terminating from a delete until the cluster is gone")
     reason: str
     desired_containers: int
     gpus_per_container: int
@@ -195,14 +292,14 @@ class ClusterOut(BaseModel):
     memory: str = Field(default="", description="memory limit per container ('' for none)")
     cpus: float = Field(default=0.0, description="CPU limit per container (0 for none)")
     mounts: list[str]
-    restart_policy: str
+    restart_policy: RestartPolicy
     hostfile_generation: int
     launch_hint: str = Field(description="how to start training from the launcher container")
     min_containers: int = Field(default=0, description="elastic lower bound (launcher included)")
     max_containers: int = Field(default=0, description="elastic upper bound (launcher included)")
     priority: int = 0
     size_reason: str = Field(default="", description="why the cluster has its current size")
-    created_at: datetime
+    created_at: UtcDatetime
     containers: list[ContainerOut]
 
 
@@ -210,16 +307,20 @@ class ExecRequest(BaseModel):
     """A command to run in the launcher container (or the named one)."""
 
     model_config = ConfigDict(extra="forbid")
-    command: list[str] = Field(min_length=1)
-    container: str | None = None
+    command: Command = Field(examples=[["nvidia-smi"]])
+    container: ContainerName | None = Field(default=None, description="default: the launcher")
 
 
 class EventOut(BaseModel):
     """An audit event."""
 
-    at: datetime
-    actor: str
-    action: str
+    at: UtcDatetime
+    actor: str = Field(description="a user's name, `reconciler`, `scheduler`, `server` or `elastrain run`")
+    action: str = Field(
+        description="`object.verb`, an open set that grows with the platform (so a string, not an enum): "
+        "cluster.created, cluster.scaled, cluster.exec, container.started, job.submitted, job.incident, ...",
+        examples=["cluster.created", "cluster.scaled", "job.submitted", "job.incident", "token.revoked"],
+    )
     cluster: str
     detail: dict[str, object]
 
@@ -241,97 +342,3 @@ class InventoryOut(BaseModel):
     real: bool
     used: int
     free: int
-
-
-class JobSubmit(BaseModel):
-    """A command to run detached in the cluster's launcher container."""
-
-    model_config = ConfigDict(extra="forbid")
-    command: list[str] = Field(min_length=1)
-
-
-class CheckpointReport(BaseModel):
-    """A checkpoint the job published (path as the container sees it)."""
-
-    model_config = ConfigDict(extra="forbid")
-    path: str = Field(min_length=1, max_length=4096)
-    step: Count
-    epoch: Count
-    world_size: int = Field(ge=0, le=1_000_000)
-    bytes: Count
-    write_s: float = Field(ge=0)
-
-
-class CheckpointOut(CheckpointReport):
-    """A checkpoint in a job's list, with when it was reported."""
-
-    at: datetime
-
-
-class JobProgress(BaseModel):
-    """A progress report from a running job (every field optional)."""
-
-    model_config = ConfigDict(extra="forbid")
-    step: DbInt | None = None
-    epoch: DbInt | None = None
-    loss: float | None = None
-    samples_per_s: float | None = None
-    world_size: int | None = Field(default=None, ge=0, le=1_000_000)
-    hosts: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] | None = Field(
-        default=None, max_length=4096, description="the hosts the job trains on now (drains wait for it)"
-    )
-    checkpoint: CheckpointReport | None = None
-
-
-class JobAttach(BaseModel):
-    """`elastrain run` typed in a launcher container's terminal registers itself as a job."""
-
-    model_config = ConfigDict(extra="forbid")
-    command: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(min_length=1, max_length=1024)
-    pid: int = Field(gt=0, lt=2**31, description="the `elastrain run` process (its liveness is the job's)")
-
-
-class JobAttached(BaseModel):
-    """What an attached job needs: its id, its report token and where to write its log and exit code."""
-
-    id: int
-    report_url: str
-    report_token: str
-    log_path: str
-    exit_path: str
-
-
-class JobIncident(BaseModel):
-    """A generation change of a running job, as `elastrain run` records it (see rendezvous.incidents)."""
-
-    model_config = ConfigDict(extra="forbid")
-    generation: Count
-    cause: Cause
-    world_size: int = Field(ge=0, le=1_000_000)
-    start_step: Count
-    steps_lost: Count
-    detect_s: float = Field(ge=0)
-    recover_s: float | None = Field(default=None, ge=0)
-    samples_replayed: Count | None = None
-    fault_at: float | None = None
-    detected_at: float | None = None
-    formed_at: float | None = None
-    first_step_at: float | None = None
-
-
-class JobOut(BaseModel):
-    """A job: command, status and its last reported progress."""
-
-    id: int
-    cluster: str
-    command: list[str]
-    status: str
-    pid: int | None
-    exit_code: int | None
-    step: int | None
-    epoch: int | None
-    loss: float | None
-    samples_per_s: float | None
-    world_size: int | None
-    created_at: datetime
-    finished_at: datetime | None

@@ -25,7 +25,6 @@ from elastrain.db.models import (
     ContainerRole,
     ContainerState,
     Framework,
-    RestartPolicy,
     User,
     utcnow,
 )
@@ -43,18 +42,15 @@ from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
 from elastrain.server import quotas, schemas, tokens
 from elastrain.server.access_log import note_user
-from elastrain.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from elastrain.server.create_checks import check_cluster_create
+from elastrain.server.errors import Conflict, Forbidden, InvalidRequest, NotFound, checked
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.reconciler import Reconciler, aware, container_spec
 from elastrain.server.validation import (
-    check_bounds,
     check_containers,
-    check_framework,
-    check_gpus,
     check_name,
     format_size,
     parse_mount,
-    parse_size,
     server_state,
 )
 
@@ -80,8 +76,8 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
     return schemas.ClusterOut(
         name=cluster.name,
         owner=cluster.owner.name,
-        framework=cluster.framework.value,
-        state=cluster.state.value,
+        framework=cluster.framework,
+        state=cluster.state,
         reason=cluster.reason,
         desired_containers=cluster.desired_containers,
         gpus_per_container=cluster.gpus_per_container,
@@ -91,7 +87,7 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         memory=format_size(cluster.memory_bytes) if cluster.memory_bytes else "",
         cpus=cluster.cpus or 0.0,
         mounts=[f"{m['source']}:{m['target']}" for m in mounts],
-        restart_policy=cluster.restart_policy.value,
+        restart_policy=cluster.restart_policy,
         hostfile_generation=cluster.hostfile_generation,
         launch_hint=LAUNCH_HINTS[cluster.framework],
         min_containers=cluster.min_containers or cluster.desired_containers,
@@ -102,11 +98,11 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         containers=[
             schemas.ContainerOut(
                 name=k.name,
-                role=k.role.value,
+                role=k.role,
                 address=k.address,
                 gpus=k.gpus,
                 gpu_ids=parse_gpu_ids(k.gpu_ids),
-                state=k.state.value,
+                state=k.state,
                 reason=k.reason,
                 pid=k.pid,
                 started_at=aware(k.started_at),
@@ -186,8 +182,10 @@ class Services:
         """Create a user and their first token (admins only)."""
         if not actor.is_admin:
             raise Forbidden("only an admin can create users")
-        check_name(req.name, "user name")
-        expires = tokens.resolve_expiry(utcnow(), req.token_expires_in_days, req.token_expires_at)
+        checked("body.name", check_name, req.name, "user name")
+        when = "body.token_expires_at" if req.token_expires_at else "body.token_expires_in_days"
+        days, at = req.token_expires_in_days, req.token_expires_at
+        expires = checked(when, tokens.resolve_expiry, utcnow(), days, at)
         with self.db.session() as session:
             if user_by_name(session, req.name) is not None:
                 raise Conflict(f"user {req.name!r} exists already")
@@ -213,45 +211,28 @@ class Services:
             return cluster_out(self._get(session, user, name))
 
     def _check_gpu_total(self, containers: int, gpus: int) -> None:
+        """Refuse (409: valid, but not on this node) more GPUs than the node has."""
         if containers * gpus > self.inventory.gpus:
             kind = "real" if self.inventory.real else "virtual"
-            raise InvalidRequest(
+            raise Conflict(
                 f"{containers} containers x {gpus} GPUs = {containers * gpus} GPUs, but this node has "
                 f"{self.inventory.gpus} {kind} GPUs; ask for fewer (or start the server with --gpus N)"
             )
 
     def create_cluster(self, user: User, req: schemas.ClusterCreate) -> schemas.ClusterOut:
-        """Validate and record a new cluster; the reconciler starts its containers."""
-        check_name(req.name)
-        framework = check_framework(req.framework)
-        check_containers(req.containers)
-        low, high = check_bounds(req.containers, req.min_containers, req.max_containers)
-        elastic = req.min_containers is not None or req.max_containers is not None
-        check_gpus(req.gpus_per_container)
-        shm = parse_size(req.shm)
-        try:
-            policy = RestartPolicy(req.restart_policy)
-        except ValueError:
-            raise InvalidRequest(
-                f"restart_policy must be one of: {', '.join(p.value for p in RestartPolicy)}"
-            ) from None
-        self._check_gpu_total(low, req.gpus_per_container)
-        if self.reconciler.scheduler is None:  # static: the requested size must fit on its own
-            self._check_gpu_total(req.containers, req.gpus_per_container)
-        memory = parse_size(req.memory) if req.memory else 0
-        if memory and shm > memory:
-            raise InvalidRequest(
-                f"shm {req.shm} is larger than the memory limit {req.memory}: /dev/shm counts against "
-                "the container's memory; ask for less shm or more memory"
-            )
+        """Validate and record a new cluster; the reconciler starts its containers.
+
+        One 422 names every bad field (`check_cluster_create`); then 403/409 for what this node refuses."""
         state = server_state(self.data_dir, self.db.url)
-        mounts = [parse_mount(m, self.allowed_mount_roots, *state) for m in req.mounts]
-        if len({m.target for m in mounts}) != len(mounts):
-            raise InvalidRequest("two mounts share a target path; give each mount its own target")
-        try:
-            image = self.backend.resolve_image(req.image, framework.value)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
+        valid = check_cluster_create(
+            req,
+            check_gpu_total=self._check_gpu_total,
+            static=self.reconciler.scheduler is None,
+            parse_mount=lambda spec: parse_mount(spec, self.allowed_mount_roots, *state),
+            resolve_image=self.backend.resolve_image,
+        )
+        framework, low, high, elastic = valid.framework, valid.low, valid.high, valid.elastic
+        shm, memory, policy, mounts, image = valid.shm, valid.memory, valid.policy, valid.mounts, valid.image
         with self.db.session() as session:
             if cluster_by_name(session, req.name) is not None:
                 raise Conflict(f"cluster name {req.name!r} is taken; pick another name")
@@ -300,14 +281,19 @@ class Services:
 
     def scale_cluster(self, user: User, name: str, containers: int) -> schemas.ClusterOut:
         """Set the desired container count."""
-        check_containers(containers)
+        checked("body.containers", check_containers, containers)
         with self.db.session() as session:
             cluster = self._get(session, user, name)
             if cluster.state == ClusterState.Terminating:
                 raise Conflict(f"cluster {name!r} is being deleted")
-            self._check_gpu_total(containers, cluster.gpus_per_container)
+            checked("body.containers", self._check_gpu_total, containers, cluster.gpus_per_container)
             if cluster.min_containers is not None and cluster.max_containers is not None:
-                check_bounds(containers, cluster.min_containers, cluster.max_containers)
+                low, high = cluster.min_containers, cluster.max_containers
+                if not low <= containers <= high:  # the cluster's own bounds: a conflict with its state
+                    raise Conflict(
+                        f"containers: cluster {name!r} is elastic between {low} and {high} containers "
+                        f"(got {containers}); scale within them, or recreate it with other bounds"
+                    )
             quotas.check_scale(session, user, cluster, containers)
             before = cluster.desired_containers
             cluster.desired_containers = containers
@@ -404,8 +390,13 @@ class Services:
                 for k in cluster.containers
                 if (k.name == req.container if req.container else k.role == ContainerRole.launcher)
             ]
+            if not role_match and req.container:  # a valid name the cluster lacks (now): not a 404
+                raise Conflict(
+                    f"container: {req.container!r} is not a container of cluster {name!r} "
+                    "(GET the cluster for its containers)"
+                )
             if not role_match:
-                raise NotFound(f"container {req.container!r} not found in cluster {name!r}")
+                raise Conflict(f"cluster {name!r} has no launcher container yet; wait and retry")
             row = role_match[0]
             if row.state != ContainerState.Running:
                 raise Conflict(f"container {row.name} is {row.state.value}, not Running; wait and retry")

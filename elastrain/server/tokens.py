@@ -107,7 +107,7 @@ def token_out(row: ApiToken, now: datetime) -> schemas.TokenOut:
     return schemas.TokenOut(
         id=row.id,
         name=row.name,
-        state=token_state(row, now),
+        state=schemas.TokenState(token_state(row, now)),
         created_at=aware(row.created_at) or now,
         expires_at=aware(row.expires_at),
         revoked_at=aware(row.revoked_at),

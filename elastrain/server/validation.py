@@ -8,26 +8,75 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from elastrain.backends.api import Mount
-from elastrain.db.models import Framework
+from elastrain.db.models import Framework, RestartPolicy
 from elastrain.db.session import sqlite_path
-from elastrain.server.errors import Forbidden, InvalidRequest
+from elastrain.server.errors import Conflict, Forbidden, InvalidRequest
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?|[kmgtp]i?|[KMGTP]?B?|)\s*$")
+NAME_MAX = 63
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+"""A DNS label (RFC 1123): the names of clusters and users, in the API schema as in `check_name`."""
+_DNS_LABEL = re.compile(NAME_PATTERN)
+_SIZE_DIGITS = {"": 15, "B": 15, "K": 12, "M": 9, "G": 6, "T": 3, "P": 1}
+"""The most integer digits before each unit: every size `SIZE_PATTERN` admits is below 10 PiB."""
+_SIZE_UNITS = (  # (unit letter, its spellings)
+    ("", "B?"),
+    ("K", "(?:[Kk]i?|KB)"),
+    ("M", "(?:[Mm]i?|MB)"),
+    ("G", "(?:[Gg]i?|GB)"),
+    ("T", "(?:[Tt]i?|TB)"),
+    ("P", "(?:[Pp]i?|PB)"),
+)
+SIZE_BODY = "|".join(rf"[0-9]{{1,{_SIZE_DIGITS[u]}}}(?:\.[0-9]+)? *{spelled}" for u, spelled in _SIZE_UNITS)
+SIZE_PATTERN = f"^ *(?:{SIZE_BODY}) *$"
+"""A size such as ``512Mi``, ``2Gi``, ``1G`` or ``1048576`` (bytes), as `parse_size` takes it."""
+OPTIONAL_SIZE_PATTERN = f"^(?: *(?:{SIZE_BODY}) *)?$"
+"""A size or ``""`` (none)."""
+_SIZE = re.compile(SIZE_PATTERN)
+_SIZE_PARTS = re.compile(r" *([0-9]+(?:\.[0-9]+)?) *([A-Za-z]*) *")
 _UNITS = {
     "": 1, "B": 1,
     "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4, "P": 1000**5,
     "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4, "PI": 1024**5,
     "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4, "PB": 1000**5,
 }  # fmt: skip
+MIN_CONTAINERS = 2
 MAX_CONTAINERS = 64
+MAX_GPUS_PER_CONTAINER = 1024
+CONTROL = r"\x00-\x1f\x7f-\x9f"
+"""Control characters (C0, DEL, C1) as a regex class body: refused in every string the API takes."""
+ARG_CONTROL = r"\x00-\x08\x0b-\x1f\x7f-\x9f"
+"""The same less tab and newline, which a command argument may hold (a ``sh -c`` or ``python -c`` script)."""
+TEXT_PATTERN = f"^[^{CONTROL}]*$"
+ARG_PATTERN = f"^[^{ARG_CONTROL}]*$"
+MOUNT_PATTERN = f"^/[^{CONTROL}]*:/[^:{CONTROL}]*$"
+"""``SOURCE:TARGET``, both absolute (the format; where SOURCE may be is the server's to judge)."""
+_CONTROL_CHAR = re.compile(f"[{CONTROL}]")
+_ARG_CONTROL_CHAR = re.compile(f"[{ARG_CONTROL}]")
+
+
+def check_text(value: str, what: str, *, argument: bool = False) -> str:
+    """Refuse control characters in `value` (an `argument` may hold tabs and newlines); the message
+    names the character and its offset, never the value (which may be long or hold secrets)."""
+    found = (_ARG_CONTROL_CHAR if argument else _CONTROL_CHAR).search(value)
+    if found is not None:
+        raise InvalidRequest(
+            f"{what} holds the control character U+{ord(found.group()):04X} at offset {found.start()}; "
+            "remove it"
+        )
+    return value
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """`value` quoted for a one-line message (control characters escaped), cut after `limit` characters."""
+    text = str(value)
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
 
 
 def check_name(name: str, what: str = "cluster name") -> str:
     """A DNS label: lowercase letters, digits and '-', 1..63 characters, alphanumeric at both ends."""
-    if not isinstance(name, str) or not _DNS_LABEL.match(name):
+    if not isinstance(name, str) or not _DNS_LABEL.fullmatch(name):
         raise InvalidRequest(
-            f"{what} {name!r} is not a DNS label: use 1-63 lowercase letters, digits and '-', "
+            f"{what} {shown(name)} is not a DNS label: use 1-63 lowercase letters, digits and '-', "
             "starting and ending with a letter or digit (e.g. 'tthvd')"
         )
     return name
@@ -39,12 +88,21 @@ def check_framework(value: str) -> Framework:
         return Framework(value)
     except ValueError:
         valid = ", ".join(f.value for f in Framework)
-        raise InvalidRequest(f"unknown framework {value!r}; valid frameworks: {valid}") from None
+        raise InvalidRequest(f"unknown framework {shown(value)}; valid frameworks: {valid}") from None
+
+
+def check_restart_policy(value: str) -> RestartPolicy:
+    """The restart policy enum member for `value`; the refusal lists the valid ones."""
+    try:
+        return RestartPolicy(value)
+    except ValueError:
+        valid = ", ".join(p.value for p in RestartPolicy)
+        raise InvalidRequest(f"restart_policy must be one of: {valid} (got {shown(value)})") from None
 
 
 def check_containers(count: int, limit: int = MAX_CONTAINERS) -> int:
     """A container count: one launcher plus at least one worker."""
-    if count < 2:
+    if count < MIN_CONTAINERS:
         raise InvalidRequest(
             f"containers must be at least 2 (got {count}): the count includes the launcher container, "
             "so 2 means one launcher and one worker"
@@ -58,15 +116,8 @@ def check_bounds(
     containers: int, low: int | None, high: int | None, limit: int = MAX_CONTAINERS
 ) -> tuple[int, int]:
     """Elastic bounds ``(min, max)``, ``2 <= min <= containers <= max`` (a missing bound: ``containers``)."""
-    low = containers if low is None else low
-    high = containers if high is None else high
-    if low < 2:
-        raise InvalidRequest(
-            f"min_containers must be at least 2 (got {low}): the count includes the launcher, "
-            "so 2 means one launcher and one worker"
-        )
-    if high > limit:
-        raise InvalidRequest(f"max_containers must be at most {limit} (got {high})")
+    low = check_bound(containers if low is None else low, "min_containers", limit)
+    high = check_bound(containers if high is None else high, "max_containers", limit)
     if not low <= containers <= high:
         raise InvalidRequest(
             f"need min_containers <= containers <= max_containers (got {low} <= {containers} <= {high})"
@@ -74,23 +125,39 @@ def check_bounds(
     return low, high
 
 
+def check_bound(count: int, what: str, limit: int = MAX_CONTAINERS) -> int:
+    """One elastic bound (`what`: min_containers or max_containers) on its own: 2..`limit`."""
+    if count < MIN_CONTAINERS:
+        raise InvalidRequest(
+            f"{what} must be at least 2 (got {count}): the count includes the launcher, "
+            "so 2 means one launcher and one worker"
+        )
+    if count > limit:
+        raise InvalidRequest(f"{what} must be at most {limit} (got {count})")
+    return count
+
+
 def check_gpus(count: int) -> int:
-    """GPUs per container: zero or more."""
+    """GPUs per container: 0..`MAX_GPUS_PER_CONTAINER` (whether the node has them is checked apart)."""
     if count < 0:
         raise InvalidRequest(f"gpus per container must be >= 0 (got {count})")
+    if count > MAX_GPUS_PER_CONTAINER:
+        raise InvalidRequest(f"gpus per container must be at most {MAX_GPUS_PER_CONTAINER} (got {count})")
     return count
 
 
 def parse_size(text: str) -> int:
-    """Bytes from a size like ``512Mi``, ``2Gi``, ``1G`` or ``1048576``."""
-    match = _SIZE.match(str(text))
-    if not match:
-        raise InvalidRequest(f"size {text!r} is not understood; write e.g. 512Mi, 2Gi or 1G")
-    number, unit = match.groups()
-    value = float(number) * _UNITS[unit.upper()]
-    if value > 2**50:
-        raise InvalidRequest(f"size {text!r} is too large")
-    return int(value)
+    """Bytes from a size like ``512Mi``, ``2Gi``, ``1G`` or ``1048576`` (`SIZE_PATTERN`: below 10 PiB)."""
+    parts = _SIZE_PARTS.fullmatch(str(text))
+    if parts is None or not _SIZE.fullmatch(str(text)):
+        number, unit = parts.groups() if parts else ("", "")
+        digits = _SIZE_DIGITS.get(unit[:1].upper())
+        if digits is not None and len(number.split(".")[0]) > digits:
+            most = f"at most {digits} digit{'s' if digits > 1 else ''}" + (f" before {unit}" if unit else "")
+            raise InvalidRequest(f"size {shown(text)} is too large: {most} (sizes stay below 10Pi)")
+        raise InvalidRequest(f"size {shown(text)} is not understood; write e.g. 512Mi, 2Gi or 1G")
+    number, unit = parts.groups()
+    return int(float(number) * _UNITS[unit.upper()])
 
 
 def format_size(size: int) -> str:
@@ -124,39 +191,62 @@ def check_not_protected(source: str, real: Path, trees: Sequence[Path], files: S
             raise Forbidden(f"mount source {source} {where} the server's database; mount another directory")
 
 
+RESERVED_TARGETS = ("/", "/etc", "/etc/mpi", "/var", "/var/log")
+"""Mount targets the platform writes or needs (a mount there is refused with 403)."""
+
+
+def check_mount_format(spec: str) -> tuple[str, str]:
+    """SOURCE and TARGET of ``SOURCE:TARGET``: both absolute, no '..', no control characters, and a
+    TARGET other than / and the directories the platform writes (/etc/mpi, /var/log)."""
+    check_text(str(spec), "mount")
+    source, sep, target = str(spec).rpartition(":")
+    if not sep or not source or not target:
+        raise InvalidRequest(f"mount {shown(spec)} is not SOURCE:TARGET; write e.g. /home/me/data:/data")
+    if not os.path.isabs(source):
+        raise InvalidRequest(
+            f"mount source {shown(source)} must be an absolute path (the CLI resolves ./data for you)"
+        )
+    if ".." in Path(source).parts or ".." in Path(target).parts:
+        raise InvalidRequest(f"mount {shown(spec)} may not contain '..'")
+    if not target.startswith("/"):
+        raise InvalidRequest(
+            f"mount target {shown(target)} must be an absolute path such as /data (not / or /etc)"
+        )
+    if normal_target(target) in RESERVED_TARGETS:  # well-formed, but the platform's own: a refusal
+        raise Forbidden(
+            f"mount target {shown(target)} is reserved by the platform (not / or /etc); "
+            "mount at a path such as /data"
+        )
+    return source, target
+
+
+def normal_target(target: str) -> str:
+    """A mount target without empty and ``.`` parts (``//data/./x/`` -> ``/data/x``)."""
+    return "/" + "/".join(part for part in target.split("/") if part not in ("", "."))
+
+
 def parse_mount(
     spec: str,
     allowed_roots: list[Path],
     protected_trees: Sequence[Path] = (),
     protected_files: Sequence[Path] = (),
 ) -> Mount:
-    """``SOURCE:TARGET`` with an absolute, existing SOURCE inside an allowed root and an absolute TARGET;
-    the source (links resolved) never exposes the server's own state (`check_not_protected`)."""
-    source, sep, target = str(spec).rpartition(":")
-    if not sep or not source or not target:
-        raise InvalidRequest(f"mount {spec!r} is not SOURCE:TARGET; write e.g. /home/me/data:/data")
-    if not os.path.isabs(source):
-        raise InvalidRequest(
-            f"mount source {source!r} must be an absolute path (the CLI resolves ./data for you)"
-        )
-    if ".." in Path(source).parts or ".." in Path(target).parts:
-        raise InvalidRequest(f"mount {spec!r} may not contain '..'")
-    if not target.startswith("/") or target.rstrip("/") in ("", "/etc", "/etc/mpi", "/var", "/var/log"):
-        raise InvalidRequest(
-            f"mount target {target!r} must be an absolute path such as /data (not / or /etc)"
-        )
+    """``SOURCE:TARGET`` (`check_mount_format`, 422) with a SOURCE inside an allowed root (else 403, checked
+    first: no probing of paths outside them) that (links resolved) never exposes the server's own state
+    (`check_not_protected`, 403) and exists (else 409: the request is valid, the server lacks it)."""
+    source, target = check_mount_format(spec)
     real = Path(source).resolve()
-    if not real.exists():
-        raise InvalidRequest(f"mount source {source} does not exist; create it first")
     roots = [r.resolve() for r in allowed_roots]
-    if not any(real == root or root in real.parents for root in roots):
+    if not any(real == root or root in real.parents for root in roots):  # first: no probing outside
         listed = ", ".join(str(r) for r in roots) or "(none)"
-        raise InvalidRequest(
+        raise Forbidden(
             f"mount source {source} is outside the allowed roots ({listed}); "
             "start the server with --allow-mount DIR to allow it"
         )
     check_not_protected(source, real, protected_trees, protected_files)
-    return Mount(str(real), "/" + target.strip("/"))
+    if not real.exists():
+        raise Conflict(f"mount source {source} does not exist on the server; create it first")
+    return Mount(str(real), normal_target(target))
 
 
 def check_mount_unchanged(mount: Mount) -> None:

@@ -24,7 +24,7 @@ BAD_CREATES = [
     ({"name": "ok3", "gpus_per_container": -1}, ">= 0"),
     ({"name": "ok4", "shm": "lots"}, "512Mi"),
     ({"name": "ok5", "mounts": ["/etc:/data"]}, "outside the allowed roots"),
-    ({"name": "ok6", "mounts": ["/nonexistent/x:/data"]}, "does not exist"),
+    ({"name": "ok6", "mounts": ["MOUNTS/no-such-dir:/data"]}, "does not exist"),  # MOUNTS: cp.mounts
     ({"name": "ok7", "containers": 3, "gpus_per_container": 4}, "this node has 8 virtual GPUs"),
     ({"name": "ok8", "containers": "many"}, "containers"),
     ({"name": "ok9", "bogus": 1}, "bogus"),
@@ -36,6 +36,8 @@ BAD_CREATES = [
 def test_bad_input_is_a_4xx_with_a_message(cp: ControlPlane, body: dict[str, Any], message: str) -> None:
     import httpx
 
+    if body.get("mounts"):
+        body = {**body, "mounts": [m.replace("MOUNTS", str(cp.mounts)) for m in body["mounts"]]}
     response = httpx.post(
         f"{cp.url}/api/v1/clusters", json=body, headers={"Authorization": f"Bearer {cp.token}"}
     )

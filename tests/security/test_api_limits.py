@@ -7,94 +7,28 @@ reads the answer, and only then tries to send the rest, as an attacker streaming
 
 from __future__ import annotations
 
-import os
 import select
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.security.harness import Server, start_server  # Server: still imported from here by other tests
+
 pytestmark = pytest.mark.timeout(90)
-REPO = Path(__file__).resolve().parents[2]
 HUGE = "99999999999999999999"  # > 2**63: SQLite cannot bind it
 CAP = 1 << 20  # the server's default body cap
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    port: int
-    url: str
-    token: str
-    root: Path
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-    def http(self, token: str | None = None) -> httpx.Client:
-        auth = self.token if token is None else token
-        headers = {"Authorization": f"Bearer {auth}"} if auth else {}
-        return httpx.Client(base_url=self.url + "/api/v1", headers=headers, timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     root = Path(tempfile.mkdtemp(prefix="elastrain-sec-"))
-    port = _free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "elastrain",
-        "server",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(root / "data"),
-    ]
-    argv += ["--gpus", "0", "--backend", "process", "--allow-mount", str(root), "--reconcile-interval", "0.2"]
-    argv += ["--insecure-process-backend"]  # the audit and cancel attacks need jobs on this backend
-    env = {k: v for k, v in os.environ.items() if k != "ELASTRAIN_MAX_BODY_BYTES"}
-    with open(root / "server.log", "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            try:
-                if httpx.get(url + "/api/v1/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not answer within 60 s"
-            time.sleep(0.1)
-        token = (root / "data" / "admin-token").read_text().strip()
-        yield Server(proc, port, url, token, root)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    # the audit and cancel attacks need jobs on this backend
+    with start_server(root, ("--reconcile-interval", "0.2", "--insecure-process-backend")) as running:
+        yield running
 
 
 def _head(method: str, path: str, headers: dict[str, str]) -> bytes:

@@ -22,18 +22,9 @@ from elastrain.errors import ConfigError
 from elastrain.horovod import basics, functions
 from elastrain.rendezvous.api import Cause, Generation, Member
 from elastrain.runtime.safe_load import UnsafeStateError
+from tests.security.harness import Evil
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Evil:
-    """Unpickling this runs code: it creates `marker`."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
 
 
 class Custom:

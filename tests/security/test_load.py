@@ -18,10 +18,7 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,7 +31,7 @@ import httpx
 import pytest
 
 from elastrain.backends.procs import cmdline, terminate
-from tests.security.test_api_limits import REPO, Server, _free_port
+from tests.security.harness import Server, start_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 DURATION_S = float(os.environ.get("ELASTRAIN_LOAD_SECONDS", "60"))
@@ -96,48 +93,18 @@ class LoadServer:
 def load_server() -> Iterator[LoadServer]:
     """A server of its own (a fresh RSS baseline); its clusters and processes are gone afterwards."""
     root = Path(tempfile.mkdtemp(prefix="elastrain-load-"))
-    port = _free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "elastrain",
-        "server",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(root / "data"),
-    ]
-    argv += ["--gpus", "0", "--backend", "process", "--allow-mount", str(root)]  # default reconcile: 0.5 s
-    argv += ["--insecure-process-backend"]  # the portal terminal is refused on the process backend without
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTRAIN_")}
-    with open(root / "server.log", "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    url = f"http://127.0.0.1:{port}"
-    loaded: LoadServer | None = None
+    # default reconcile interval (0.5 s); the portal terminal is refused on the process backend without
+    # --insecure-process-backend
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+        with start_server(root, ("--insecure-process-backend",), env=env) as server:
+            loaded = LoadServer(server)
             try:
-                if httpx.get(url + "/api/v1/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not answer within 60 s"
-            time.sleep(0.1)
-        token = (root / "data" / "admin-token").read_text().strip()
-        loaded = LoadServer(Server(proc, port, url, token, root))
-        yield loaded
+                yield loaded
+            finally:
+                if server.proc.poll() is None:
+                    _delete_every_cluster(loaded)
     finally:
-        if loaded is not None and proc.poll() is None:
-            _delete_every_cluster(loaded)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         terminate(_processes_under(root))
         shutil.rmtree(root, ignore_errors=True)
 

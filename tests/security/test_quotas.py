@@ -8,30 +8,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from elastrain.cli.main import main as cli
+from tests.security.harness import new_user, refused
 from tests.security.test_api_limits import Server, server  # noqa: F401 - the module's server fixture
 
 pytestmark = pytest.mark.timeout(180)
 CLUSTERS = ("qa-1", "qa-2")
-
-
-def _user(server: Server, name: str) -> str:  # noqa: F811
-    with server.http() as admin:
-        created = admin.post("/users", json={"name": name})
-    assert created.status_code == 201, created.text
-    return str(created.json()["token"])
-
-
-def _refused(response: httpx.Response, status: int, *words: str) -> str:
-    assert response.status_code == status, response.text
-    message = str(response.json()["error"])
-    assert "\n" not in message and "Traceback" not in message
-    for word in words:
-        assert word in message, message
-    return message
 
 
 def _reset(server: Server, clusters: int, containers: int) -> None:  # noqa: F811
@@ -47,7 +31,7 @@ def _reset(server: Server, clusters: int, containers: int) -> None:  # noqa: F81
 def alice(server: Server) -> Iterator[str]:  # noqa: F811
     """A user with two 2-container clusters and a quota of 2 clusters, 5 containers; her clusters are
     deleted (and waited for) at the end."""
-    token = _user(server, "quota-alice")
+    token = new_user(server, "quota-alice")
     with server.http() as admin:
         set_ = admin.patch("/users/quota-alice", json={"quota": {"clusters": 2, "containers": 5}})
         assert set_.status_code == 200, set_.text
@@ -78,7 +62,7 @@ def test_a_user_sees_their_quota_and_usage(server: Server, alice: str) -> None: 
         assert body["quota_overrides"] == {"clusters": 2, "containers": 5, "gpus": None}
         assert body["usage"] == {"clusters": 2, "containers": 4, "gpus": 0}
         assert body["quota_exempt"] is False and body["created_at"].endswith("Z")
-        _refused(api.get("/users/admin"), 404, "not found")
+        refused(api.get("/users/admin"), 404, "not found")
     with server.http() as admin:
         shown = admin.get("/users/admin").json()
     assert shown["quota_exempt"] is True and shown["quota"]["clusters"] == 20  # the server default
@@ -88,9 +72,9 @@ def test_a_user_sees_their_quota_and_usage(server: Server, alice: str) -> None: 
 def test_creating_past_the_cluster_quota_creates_nothing(server: Server, alice: str) -> None:  # noqa: F811
     _reset(server, 2, 5)
     with server.http(token=alice) as api:
-        refused = api.post("/clusters", json={"name": "qa-3", "containers": 2})
-        _refused(refused, 403, "at most 2 clusters", "holds 2", "admin", "elastrain user quota quota-alice")
-        _refused(api.get("/clusters/qa-3"), 404)
+        created = api.post("/clusters", json={"name": "qa-3", "containers": 2})
+        refused(created, 403, "at most 2 clusters", "holds 2", "admin", "elastrain user quota quota-alice")
+        refused(api.get("/clusters/qa-3"), 404)
         assert sorted(c["name"] for c in api.get("/clusters").json()) == list(CLUSTERS)
 
 
@@ -100,8 +84,8 @@ def test_scaling_past_the_container_quota_changes_nothing(server: Server, alice:
     with server.http(token=alice) as api:
         grown = api.patch("/clusters/qa-1", json={"containers": 3})  # 3 + 2 = 5: exactly the limit
         assert grown.status_code == 200, grown.text
-        refused = api.patch("/clusters/qa-2", json={"containers": 3})
-        _refused(refused, 403, "at most 5 containers", "holds 5", "needs 1 more", "--containers N")
+        scaled = api.patch("/clusters/qa-2", json={"containers": 3})
+        refused(scaled, 403, "at most 5 containers", "holds 5", "needs 1 more", "--containers N")
         assert api.get("/clusters/qa-2").json()["desired_containers"] == 2
         events = api.get("/clusters/qa-2/events").json()
         assert not [e for e in events if e["action"] == "cluster.scaled" and e["detail"]["after"] == 3]
@@ -109,7 +93,7 @@ def test_scaling_past_the_container_quota_changes_nothing(server: Server, alice:
         admin.patch("/users/quota-alice", json={"quota": {"containers": 2}})
     with server.http(token=alice) as api:
         assert api.patch("/clusters/qa-1", json={"containers": 2}).status_code == 200
-        _refused(api.patch("/clusters/qa-1", json={"containers": 3}), 403, "at most 2 containers")
+        refused(api.patch("/clusters/qa-1", json={"containers": 3}), 403, "at most 2 containers")
 
 
 @pytest.mark.attack
@@ -117,19 +101,19 @@ def test_an_elastic_cluster_counts_at_its_upper_bound(server: Server, alice: str
     _reset(server, 5, 6)
     with server.http(token=alice) as api:
         body = {"name": "qa-elastic", "containers": 2, "min_containers": 2, "max_containers": 4}
-        _refused(api.post("/clusters", json=body), 403, "at most 6 containers", "holds 4", "needs 4 more")
-        _refused(api.get("/clusters/qa-elastic"), 404)
+        refused(api.post("/clusters", json=body), 403, "at most 6 containers", "holds 4", "needs 4 more")
+        refused(api.get("/clusters/qa-elastic"), 404)
 
 
 @pytest.mark.attack
 def test_only_admins_change_quotas(server: Server, alice: str) -> None:  # noqa: F811
-    other = _user(server, "quota-bob")
+    other = new_user(server, "quota-bob")
     with server.http(token=alice) as api:
-        _refused(api.patch("/users/quota-alice", json={"quota": {"clusters": 99}}), 403, "only an admin")
-        _refused(api.patch("/users/quota-bob", json={"quota": {"clusters": 0}}), 404)
+        refused(api.patch("/users/quota-alice", json={"quota": {"clusters": 99}}), 403, "only an admin")
+        refused(api.patch("/users/quota-bob", json={"quota": {"clusters": 0}}), 404)
     with server.http(token=other) as api:
         assert api.get("/users/quota-bob").json()["quota"]["clusters"] == 20
-        _refused(api.get("/users/quota-alice"), 404)
+        refused(api.get("/users/quota-alice"), 404)
 
 
 @pytest.mark.parametrize(
@@ -137,8 +121,8 @@ def test_only_admins_change_quotas(server: Server, alice: str) -> None:  # noqa:
 )
 def test_bad_quota_requests_get_one_line(server: Server, body: dict) -> None:  # noqa: F811
     with server.http() as admin:
-        _refused(admin.patch("/users/admin", json=body), 422, "quota")
-        _refused(admin.patch("/users/nobody-here", json={"quota": {}}), 404, "not found")
+        refused(admin.patch("/users/admin", json=body), 422, "quota")
+        refused(admin.patch("/users/nobody-here", json={"quota": {}}), 404, "not found")
 
 
 def test_cli_shows_and_sets_quotas(

@@ -11,29 +11,13 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
-import httpx
 import pytest
 
 from elastrain.cli.main import main as cli
+from tests.security.harness import new_user, refused
 from tests.security.test_api_limits import Server, server  # noqa: F401 - the module's server fixture
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _user(server: Server, name: str, **extra: object) -> str:  # noqa: F811
-    with server.http() as admin:
-        created = admin.post("/users", json={"name": name, **extra})
-    assert created.status_code == 201, created.text
-    return str(created.json()["token"])
-
-
-def _refused(response: httpx.Response, status: int, *words: str) -> str:
-    assert response.status_code == status, response.text
-    message = str(response.json()["error"])
-    assert "\n" not in message and "Traceback" not in message
-    for word in words:
-        assert word in message, message
-    return message
 
 
 def _stamp(when: datetime) -> str:
@@ -41,7 +25,7 @@ def _stamp(when: datetime) -> str:
 
 
 def test_tokens_are_created_listed_and_used(server: Server) -> None:  # noqa: F811
-    alice = _user(server, "tok-alice")
+    alice = new_user(server, "tok-alice")
     with server.http(token=alice) as api:
         created = api.post("/users/tok-alice/tokens", json={"name": "laptop", "expires_in_days": 30})
         assert created.status_code == 201, created.text
@@ -73,7 +57,7 @@ def test_first_token_of_a_new_user_can_expire(server: Server) -> None:  # noqa: 
 
 @pytest.mark.attack
 def test_a_revoked_token_authenticates_nobody(server: Server) -> None:  # noqa: F811
-    alice = _user(server, "tok-bob")
+    alice = new_user(server, "tok-bob")
     with server.http(token=alice) as api:
         stolen = api.post("/users/tok-bob/tokens", json={"name": "leaked"}).json()
         revoked = api.delete(f"/users/tok-bob/tokens/{stolen['id']}")
@@ -81,11 +65,11 @@ def test_a_revoked_token_authenticates_nobody(server: Server) -> None:  # noqa: 
         again = api.delete(f"/users/tok-bob/tokens/{stolen['id']}")  # idempotent
         assert again.json()["revoked_at"] == revoked.json()["revoked_at"]
     with server.http(token=stolen["token"]) as attacker:
-        _refused(attacker.get("/me"), 401, "revoked", "elastrain user token create")
-        _refused(attacker.get("/clusters"), 401, "revoked")
-        _refused(attacker.post("/users/tok-bob/tokens", json={"name": "persist"}), 401)  # no new token
-        _refused(attacker.post("/clusters", json={"name": "x"}), 401)
-        _refused(attacker.delete("/users/tok-bob/tokens/1"), 401, "revoked")
+        refused(attacker.get("/me"), 401, "revoked", "elastrain user token create")
+        refused(attacker.get("/clusters"), 401, "revoked")
+        refused(attacker.post("/users/tok-bob/tokens", json={"name": "persist"}), 401)  # no new token
+        refused(attacker.post("/clusters", json={"name": "x"}), 401)
+        refused(attacker.delete("/users/tok-bob/tokens/1"), 401, "revoked")
     with server.http(token=alice) as api:
         assert api.get("/me").status_code == 200  # the user's other token still works
         names = [t["name"] for t in api.get("/users/tok-bob/tokens").json()]
@@ -94,7 +78,7 @@ def test_a_revoked_token_authenticates_nobody(server: Server) -> None:  # noqa: 
 
 @pytest.mark.attack
 def test_an_expired_token_authenticates_nobody(server: Server) -> None:  # noqa: F811
-    _user(server, "tok-carol")
+    new_user(server, "tok-carol")
     soon = datetime.now(timezone.utc) + timedelta(seconds=2)
     with server.http() as admin:
         created = admin.post("/users/tok-carol/tokens", json={"name": "short", "expires_at": _stamp(soon)})
@@ -103,26 +87,26 @@ def test_an_expired_token_authenticates_nobody(server: Server) -> None:  # noqa:
     with server.http(token=token) as api:
         assert api.get("/me").status_code == 200
         time.sleep(max(0.0, (soon - datetime.now(timezone.utc)).total_seconds()) + 0.3)
-        message = _refused(api.get("/me"), 401, "expired", "elastrain user token create", "admin")
+        message = refused(api.get("/me"), 401, "expired", "elastrain user token create", "admin")
         assert created.json()["expires_at"][:19] in message
-        _refused(api.post("/users/tok-carol/tokens", json={"name": "renew"}), 401)
-        _refused(api.get("/users/tok-carol/tokens"), 401, "expired")
+        refused(api.post("/users/tok-carol/tokens", json={"name": "renew"}), 401)
+        refused(api.get("/users/tok-carol/tokens"), 401, "expired")
 
 
 @pytest.mark.attack
 def test_other_users_tokens_are_invisible(server: Server) -> None:  # noqa: F811
-    victim = _user(server, "tok-dave")
-    mallory = _user(server, "tok-mallory")
+    victim = new_user(server, "tok-dave")
+    mallory = new_user(server, "tok-mallory")
     with server.http(token=victim) as api:
         victim_id = api.get("/users/tok-dave/tokens").json()[0]["id"]
     with server.http(token=mallory) as attacker:
-        _refused(attacker.get("/users/tok-dave/tokens"), 404, "not found")
-        _refused(attacker.delete(f"/users/tok-dave/tokens/{victim_id}"), 404)
-        _refused(attacker.delete(f"/users/tok-mallory/tokens/{victim_id}"), 404, "not found")
-        _refused(attacker.post("/users/tok-dave/tokens", json={"name": "mine"}), 404)
-        _refused(attacker.get("/users/admin/tokens"), 404)
-        _refused(attacker.get("/users/no-such-user/tokens"), 404)  # the same answer: nothing leaks
-        _refused(attacker.post("/users", json={"name": "tok-eve"}), 403, "admin")
+        refused(attacker.get("/users/tok-dave/tokens"), 404, "not found")
+        refused(attacker.delete(f"/users/tok-dave/tokens/{victim_id}"), 404)
+        refused(attacker.delete(f"/users/tok-mallory/tokens/{victim_id}"), 404, "not found")
+        refused(attacker.post("/users/tok-dave/tokens", json={"name": "mine"}), 404)
+        refused(attacker.get("/users/admin/tokens"), 404)
+        refused(attacker.get("/users/no-such-user/tokens"), 404)  # the same answer: nothing leaks
+        refused(attacker.post("/users", json={"name": "tok-eve"}), 403, "admin")
     with server.http(token=victim) as api:
         assert api.get("/me").status_code == 200
         assert api.get("/users/tok-dave/tokens").json()[0]["revoked_at"] is None
@@ -130,14 +114,14 @@ def test_other_users_tokens_are_invisible(server: Server) -> None:  # noqa: F811
         assert admin.get("/users/tok-dave/tokens").status_code == 200
         assert admin.delete(f"/users/tok-dave/tokens/{victim_id}").json()["state"] == "revoked"
     with server.http(token=victim) as api:
-        _refused(api.get("/me"), 401, "revoked")
+        refused(api.get("/me"), 401, "revoked")
 
 
 @pytest.mark.attack
 def test_a_short_lived_token_cannot_mint_a_permanent_one(server: Server) -> None:  # noqa: F811
-    short = _user(server, "tok-frank", token_expires_in_days=1)
+    short = new_user(server, "tok-frank", token_expires_in_days=1)
     with server.http(token=short) as api:
-        _refused(api.post("/users/tok-frank/tokens", json={"name": "forever", "expires_in_days": 30}), 403)
+        refused(api.post("/users/tok-frank/tokens", json={"name": "forever", "expires_in_days": 30}), 403)
         inherited = api.post("/users/tok-frank/tokens", json={"name": "same"})
         assert inherited.status_code == 201, inherited.text
         first = api.get("/users/tok-frank/tokens").json()[0]
@@ -158,13 +142,13 @@ def test_a_short_lived_token_cannot_mint_a_permanent_one(server: Server) -> None
 )
 def test_bad_token_requests_get_one_line(server: Server, path: str, body: dict, words: str) -> None:  # noqa: F811
     with server.http() as admin:
-        _refused(admin.post(path, json=body), 422, words)
+        refused(admin.post(path, json=body), 422, words)
 
 
 @pytest.mark.parametrize("token_id", ["0", "abc", "99999999999999999999", "-1"])
 def test_bad_token_ids_get_one_line(server: Server, token_id: str) -> None:  # noqa: F811
     with server.http() as admin:
-        _refused(admin.delete(f"/users/admin/tokens/{token_id}"), 422, "token_id")
+        refused(admin.delete(f"/users/admin/tokens/{token_id}"), 422, "token_id")
 
 
 def test_cli_creates_lists_and_revokes_tokens(
@@ -172,7 +156,7 @@ def test_cli_creates_lists_and_revokes_tokens(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gina = _user(server, "tok-gina")
+    gina = new_user(server, "tok-gina")
     monkeypatch.setenv("ELASTRAIN_URL", server.url)
     monkeypatch.setenv("ELASTRAIN_TOKEN", gina)
     assert cli(["user", "token", "create", "--name", "ci", "--expires-in-days", "7"]) == 0

@@ -20,16 +20,7 @@ from elastrain.runtime.checkpoint import Checkpointer, CheckpointPolicy, list_ch
 from elastrain.runtime.data import ElasticSampler
 from elastrain.runtime.safe_load import UnsafeStateError
 from elastrain.runtime.state import State, load_broadcast
-
-
-class Evil:
-    """Unpickling this runs code: it creates `marker`."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
+from tests.security.harness import Evil
 
 
 class Custom:

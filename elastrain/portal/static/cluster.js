@@ -27,7 +27,22 @@ document.addEventListener("DOMContentLoaded", () => {
   const name = document.body.dataset.cluster;
   const path = "/clusters/" + encodeURIComponent(name);
   let cluster = null;
-  let hintSet = false;
+  let prefill = null; // the first job's command as last put in the job box
+
+  /** The first job (the page's data-first-job, from `elastrain.examples`) with -np = the hostfile's
+   *  slots once every container runs: one line per container, slots = its GPUs, at least 1. */
+  function firstJob(c) {
+    const slots = c.desired_containers * Math.max(c.gpus_per_container, 1);
+    return $("job-form").dataset.firstJob.replace("{np}", String(slots));
+  }
+
+  /** Put the first job in the job box, and follow the cluster's size until the user edits it. */
+  function suggest(c) {
+    const box = $("job-command");
+    const command = firstJob(c);
+    if ((prefill === null || box.value === prefill) && box.value !== command) box.value = command;
+    prefill = command;
+  }
 
   function summary(c) {
     const running = c.containers.filter((k) => k.state === "Running").length;
@@ -54,7 +69,7 @@ document.addEventListener("DOMContentLoaded", () => {
       el("td", { "data-label": "GPUs" }, gpus),
       el("td", { "data-label": "State", class: "container-state" }, stateBadge(k.state),
          k.reason ? el("span", { class: "reason" }, " " + k.reason) : ""),
-      el("td", { "data-label": "Started" }, Portal.dateTime(k.started_at)));
+      el("td", { "data-label": "Started" }, formatTime(k.started_at)));
   }
 
   function describe(e) {
@@ -102,7 +117,7 @@ document.addEventListener("DOMContentLoaded", () => {
     $("cluster-state").replaceChildren(stateBadge(cluster.state));
     summary(cluster);
     $("containers-body").replaceChildren(...cluster.containers.map(containerRow));
-    if (!hintSet) { $("job-command").value = cluster.launch_hint.split(" # ")[0]; hintSet = true; }
+    suggest(cluster);
     const [hostfile, events, jobs] = await Promise.all([
       api("GET", path + "/hostfile"), api("GET", path + "/events"),
       api("GET", "/jobs?cluster=" + encodeURIComponent(name)),
@@ -110,7 +125,7 @@ document.addEventListener("DOMContentLoaded", () => {
     $("hostfile-generation").textContent = `(generation ${cluster.hostfile_generation})`;
     $("hostfile").textContent = hostfile || "(empty: no Running workers yet)";
     $("events-body").replaceChildren(...events.slice().reverse().map((e) => el("tr", {},
-      el("td", { "data-label": "Time" }, Portal.dateTime(e.at)),
+      el("td", { "data-label": "Time" }, formatTime(e.at)),
       el("td", { "data-label": "By" }, e.actor),
       el("td", { "data-label": "Event" }, describe(e)))));
     $("jobs-body").replaceChildren(...jobs.slice().reverse().map(jobRow));
@@ -129,7 +144,7 @@ document.addEventListener("DOMContentLoaded", () => {
     Portal.fieldError("job-command", "");
     try {
       const command = shellSplit($("job-command").value);
-      if (!command.length) throw new Error("type the command to run, e.g. " + (cluster ? cluster.launch_hint : ""));
+      if (!command.length) throw new Error("type the command to run, e.g. " + (cluster ? firstJob(cluster) : ""));
       const job = await api("POST", path + "/jobs", { command });
       location.assign("/jobs/" + job.id);
     } catch (err) { Portal.fieldError("job-command", err.message); }

@@ -34,7 +34,7 @@ document.addEventListener("DOMContentLoaded", () => {
       el("td", { "data-label": "Framework" }, Portal.framework(c.framework)),
       el("td", { "data-label": "Containers", class: "containers" }, `${running}/${c.desired_containers}`),
       el("td", { "data-label": "GPUs" }, String(gpus)),
-      el("td", { "data-label": "Age" }, age(c.created_at)),
+      el("td", { "data-label": "Age" }, formatTime(c.created_at, age(c.created_at))),
       el("td", { "data-label": "State" }, stateBadge(c.state),
          c.reason && c.state !== "Running" ? el("span", { class: "reason" }, " " + c.reason) : ""),
       el("td", {}, del));

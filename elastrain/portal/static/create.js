@@ -1,6 +1,18 @@
 "use strict";
-/* Create-cluster form: the server validates; its 4xx message is shown next to the field it is about. */
+/* Create-cluster form: the server validates; a 422 names every bad field (problem details `errors`),
+   and each message is shown next to its field, all at once. */
 const FIELDS = ["framework", "name", "containers", "image", "gpus", "shm", "mounts"];
+/** The form field of a request field (`loc` "body.NAME" or "body.NAME.INDEX"). */
+const FIELD_OF = {
+  name: "name", framework: "framework", containers: "containers", min_containers: "containers",
+  max_containers: "containers", image: "image", gpus_per_container: "gpus", shm: "shm", mounts: "mounts",
+};
+
+/** The form field a problem's `loc` is about (null: not on the form). */
+function fieldOfLoc(loc) {
+  const parts = String(loc).split(".");
+  return parts[0] === "body" ? FIELD_OF[parts[1]] || null : null;
+}
 
 /** Which form field an API error message is about (null: show it above the form). */
 function fieldFor(message) {
@@ -132,16 +144,32 @@ document.addEventListener("DOMContentLoaded", () => {
       const cluster = await Portal.api("POST", "/clusters", body);
       location.assign("/clusters/" + encodeURIComponent(cluster.name));
     } catch (err) {
-      const field = fieldFor(err.message);
-      if (field) {
-        Portal.fieldError(field, err.message);
-        const input = field === "framework" ? form.querySelector("input[name=framework]") : $(field);
-        (input || $("name")).focus();
-      } else {
-        $("form-error").textContent = err.message;
-        $("form-error").hidden = false;
-      }
+      showRefusal(err);
       button.disabled = false;
     }
   });
+
+  /** Mark every bad field at once (a field with several refusals shows them all); what is not about a
+   *  form field goes above the form. The first bad field gets the focus. */
+  function showRefusal(err) {
+    const listed = (err.errors || []).length > 0;
+    const found = listed ? err.errors : [{ loc: "", message: err.message }];
+    const byField = new Map();
+    const elsewhere = [];
+    for (const e of found) {
+      const field = listed ? fieldOfLoc(e.loc) : fieldFor(e.message);
+      if (field) byField.set(field, [...(byField.get(field) || []), e.message]);
+      else elsewhere.push(e.loc ? `${e.loc.replace(/^body\./, "")}: ${e.message}` : e.message);
+    }
+    for (const [field, messages] of byField) Portal.fieldError(field, messages.join("; "));
+    if (elsewhere.length) {
+      $("form-error").textContent = elsewhere.join("; ");
+      $("form-error").hidden = false;
+    }
+    const first = FIELDS.find((f) => byField.has(f));
+    if (first) {
+      const input = first === "framework" ? form.querySelector("input[name=framework]") : $(first);
+      (input || $("name")).focus();
+    }
+  }
 });

@@ -52,8 +52,10 @@ document.addEventListener("DOMContentLoaded", () => {
       const none = series.t.length > 0 && series[c.key].every((v) => v == null);
       c.box.querySelector(".no-data").hidden = !none;
     }
-    $("resize-list").replaceChildren(...resizes.map((r) =>
-      el("li", {}, `${Portal.time(new Date(r.t * 1000).toISOString())}: world size ${r.from} → ${r.to}`)));
+    $("resize-list").replaceChildren(...resizes.map((r) => {
+      const at = new Date(r.t * 1000).toISOString();
+      return el("li", {}, formatTime(at, Portal.time(at)), `: world size ${r.from} → ${r.to}`);
+    }));
   }
 
   function add(m) {
@@ -96,14 +98,14 @@ document.addEventListener("DOMContentLoaded", () => {
     link.textContent = j.cluster;
     link.href = "/clusters/" + encodeURIComponent(j.cluster);
     const items = [
-      ["Cluster", j.cluster], ["Command", j.command.join(" ")], ["Started", Portal.dateTime(j.created_at)],
+      ["Cluster", j.cluster], ["Command", j.command.join(" ")], ["Started", formatTime(j.created_at)],
       ["Step", j.step ?? "-"], ["Epoch", j.epoch ?? "-"],
       ["Loss", j.loss == null ? "-" : j.loss.toFixed(4)],
       ["Samples/s", j.samples_per_s == null ? "-" : j.samples_per_s.toFixed(1)],
       ["World size", j.world_size ?? "-"],
     ];
-    if (j.finished_at) items.push(["Finished", Portal.dateTime(j.finished_at)], ["Exit code", j.exit_code ?? "-"]);
-    $("job-summary").replaceChildren(...items.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
+    if (j.finished_at) items.push(["Finished", formatTime(j.finished_at)], ["Exit code", j.exit_code ?? "-"]);
+    $("job-summary").replaceChildren(...items.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v instanceof Node ? v : String(v))]));
     $("job-cancel").hidden = j.status !== "Running";
   }
 
@@ -115,7 +117,7 @@ document.addEventListener("DOMContentLoaded", () => {
       el("td", { "data-label": "World size" }, String(c.world_size)),
       el("td", { "data-label": "Size" }, mb),
       el("td", { "data-label": "Write time" }, c.write_s.toFixed(3) + " s"),
-      el("td", { "data-label": "Written" }, Portal.dateTime(c.at)),
+      el("td", { "data-label": "Written" }, formatTime(c.at)),
       el("td", { "data-label": "Path", class: "cmd" }, c.path));
   }
 

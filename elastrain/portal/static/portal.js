@@ -5,10 +5,13 @@
 const Portal = (() => {
   const KEY = "elastrain-token";
 
+  /** A refusal: `message` is the problem's detail; `errors` its [{loc, message}] (every bad field). */
   class ApiError extends Error {
-    constructor(status, message) {
+    constructor(status, message, errors = [], type = "") {
       super(message);
       this.status = status;
+      this.errors = errors;
+      this.type = type;
     }
   }
 
@@ -21,7 +24,8 @@ const Portal = (() => {
     location.assign("/signin?next=" + encodeURIComponent(next));
   }
 
-  /** Call the REST API; JSON in/out (text for text/plain answers). Throws ApiError on 4xx/5xx. */
+  /** Call the REST API; JSON in/out (text for text/plain answers). Throws ApiError on 4xx/5xx, from
+   *  the answer's problem details (RFC 9457: detail, errors). */
   async function api(method, path, body, opts = {}) {
     const headers = { Authorization: "Bearer " + (opts.token ?? token()) };
     if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -36,9 +40,11 @@ const Portal = (() => {
     const type = resp.headers.get("content-type") || "";
     const data = type.includes("json") ? await resp.json().catch(() => null) : await resp.text();
     if (!resp.ok) {
-      const message = (data && data.error) || (typeof data === "string" && data) || resp.statusText;
+      const problem = data && typeof data === "object" ? data : {};
+      const message = problem.detail || problem.error || (typeof data === "string" && data) || resp.statusText;
+      const errors = Array.isArray(problem.errors) ? problem.errors : [];
       if (resp.status === 401 && !opts.token) toSignIn();
-      throw new ApiError(resp.status, message);
+      throw new ApiError(resp.status, message, errors, problem.type || "");
     }
     if (opts.withHeaders) return { data, headers: resp.headers };
     return data;
@@ -177,7 +183,8 @@ const ScalePanel = (() => {
         close();
         if (onDone) onDone(out);
       } catch (err) {
-        Portal.fieldError("scale-count", err.message);
+        const bad = (err.errors || []).find((e) => e.loc === "body.containers");
+        Portal.fieldError("scale-count", bad ? bad.message : err.message);
       }
     });
   });
@@ -193,4 +200,19 @@ function confirmDelete(name) {
     dialog.returnValue = "";
     dialog.showModal();
   });
+}
+
+/** A timestamp for people: a <time> element showing the local date and time (the browser's
+ *  toLocaleString) with the UTC value (RFC 3339, `Z`) in its title; given a `text` (e.g. an age), it
+ *  shows that and the title holds the local time too. "-" for none; a non-time is shown as it is. */
+function formatTime(iso, text) {
+  if (!iso) return document.createTextNode("-");
+  const when = new Date(iso);
+  if (Number.isNaN(when.getTime())) return document.createTextNode(String(iso));
+  const utc = when.toISOString().replace(/\.000Z$/, "Z");
+  const node = document.createElement("time");
+  node.dateTime = utc;
+  node.title = text === undefined ? utc : `${when.toLocaleString()} (${utc})`;
+  node.textContent = text ?? when.toLocaleString();
+  return node;
 }

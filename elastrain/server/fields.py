@@ -1,0 +1,137 @@
+"""Field types of the API schemas: each carries the server's own bound into the OpenAPI schema (pattern,
+length, minimum and maximum, enum) and refuses a value with the server's one-line message.
+
+The checks of `elastrain.server.validation` stay the truth (the services call them again); a type here
+runs the same check first, so a request the schema calls valid is not refused for a reason the schema
+could have said, and a refusal names its field (a 422 listing every bad field, never a 500).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timezone
+from functools import partial
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
+from pydantic_core import PydanticCustomError
+
+from elastrain.db.models import Framework, RestartPolicy
+from elastrain.server import validation as checks
+from elastrain.server.errors import InvalidRequest
+
+MAX_DB_INT = 2**63 - 1
+"""The largest integer a database column holds (64-bit signed): larger ids/offsets are a 422, not a 500."""
+Count = Annotated[int, Field(ge=0, le=MAX_DB_INT)]
+"""A non-negative integer stored in the database (step, epoch, bytes, ...)."""
+DbInt = Annotated[int, Field(ge=-MAX_DB_INT - 1, le=MAX_DB_INT)]
+"""Any integer a 64-bit database column holds."""
+MAX_ARGUMENT = 32768
+"""The longest command argument, in characters (Linux refuses one over 128 KiB of UTF-8)."""
+MAX_ARGUMENTS = 4096
+"""The most arguments of one command."""
+
+
+def server_check(check: Callable[[Any], object], kind: type) -> BeforeValidator:
+    """Run `check` (one of validation.py's) on a value of `kind` before pydantic's own type and bound
+    checks, turning its `InvalidRequest` into a field error with the same message; other values (a
+    string where a number belongs, ...) fall through to pydantic, which words their error."""
+
+    def run(value: Any) -> Any:
+        if isinstance(value, kind) and not isinstance(value, bool):
+            try:
+                check(value)
+            except InvalidRequest as exc:
+                raise PydanticCustomError("value_error", str(exc)) from None
+        return value
+
+    return BeforeValidator(run)
+
+
+def as_utc(value: datetime) -> datetime:
+    """`value` in UTC; a naive value (what SQLite gives back) is UTC already."""
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _optional_size(text: str) -> int:
+    return checks.parse_size(text) if text else 0
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
+"""A timestamp in answers: RFC 3339 in UTC with ``Z`` (``2026-12-01T19:17:15.430803Z``)."""
+
+ClusterName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=checks.NAME_MAX, pattern=checks.NAME_PATTERN),
+    server_check(partial(checks.check_name, what="cluster name"), str),
+]
+"""A cluster's name: a DNS label (1-63 lowercase letters, digits and '-', alphanumeric at both ends)."""
+UserName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=checks.NAME_MAX, pattern=checks.NAME_PATTERN),
+    server_check(partial(checks.check_name, what="user name"), str),
+]
+"""A user's name: a DNS label."""
+ContainerName = Annotated[
+    str, StringConstraints(min_length=1, max_length=80, pattern=r"^[a-z0-9]([a-z0-9-]{0,78}[a-z0-9])?$")
+]
+"""A container's name (``<cluster>-launcher``, ``<cluster>-worker-N``)."""
+
+SafeText = Annotated[
+    str,
+    StringConstraints(pattern=checks.TEXT_PATTERN),
+    server_check(partial(checks.check_text, what="the value"), str),
+]
+"""Any text without control characters (C0 including tab and newline, DEL, C1)."""
+CommandArgument = Annotated[
+    str,
+    StringConstraints(max_length=MAX_ARGUMENT, pattern=checks.ARG_PATTERN),
+    server_check(partial(checks.check_text, what="the argument", argument=True), str),
+]
+"""One argument of a command: tabs and newlines allowed (a ``sh -c`` script), other control characters
+(NUL first of all: no program can receive it) refused."""
+Command = Annotated[list[CommandArgument], Field(min_length=1, max_length=MAX_ARGUMENTS)]
+"""A command as its argument vector (no shell: ``["sh", "-c", "..."]`` for one)."""
+
+Size = Annotated[
+    str, StringConstraints(max_length=64, pattern=checks.SIZE_PATTERN), server_check(checks.parse_size, str)
+]
+"""A size: a number and a unit (``512Mi``, ``2Gi``, ``1G``; none: bytes)."""
+OptionalSize = Annotated[
+    str,
+    StringConstraints(max_length=64, pattern=checks.OPTIONAL_SIZE_PATTERN),
+    server_check(_optional_size, str),
+]
+"""A size, or ``""`` for none."""
+MountSpec = Annotated[
+    str,
+    StringConstraints(max_length=4096, pattern=checks.MOUNT_PATTERN),
+    server_check(checks.check_mount_format, str),
+]
+"""``SOURCE:TARGET``: an absolute host path and an absolute container path."""
+
+ContainerCount = Annotated[
+    int,
+    Field(ge=checks.MIN_CONTAINERS, le=checks.MAX_CONTAINERS),
+    server_check(checks.check_containers, int),
+]
+"""Containers of a cluster, the launcher included (2: one launcher, one worker)."""
+MinContainers = Annotated[
+    int,
+    Field(ge=checks.MIN_CONTAINERS, le=checks.MAX_CONTAINERS),
+    server_check(partial(checks.check_bound, what="min_containers"), int),
+]
+"""An elastic cluster's lower bound, the launcher included."""
+MaxContainers = Annotated[
+    int,
+    Field(ge=checks.MIN_CONTAINERS, le=checks.MAX_CONTAINERS),
+    server_check(partial(checks.check_bound, what="max_containers"), int),
+]
+"""An elastic cluster's upper bound, the launcher included."""
+GpuCount = Annotated[int, Field(ge=0, le=checks.MAX_GPUS_PER_CONTAINER), server_check(checks.check_gpus, int)]
+"""GPUs per container (the node must also have them: checked when the cluster is created)."""
+
+FrameworkName = Annotated[Framework, server_check(checks.check_framework, str)]
+"""A training framework (an unknown one is refused with the list of valid ones)."""
+RestartPolicyName = Annotated[RestartPolicy, server_check(checks.check_restart_policy, str)]
+"""What happens to a container whose process died."""

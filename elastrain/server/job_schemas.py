@@ -1,0 +1,111 @@
+"""Request and response schemas of the job routes (``/api/v1/jobs``, ``/clusters/{name}/jobs``).
+
+`elastrain.server.schemas` re-exports every model here (``schemas.JobOut``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from elastrain.db.models import JobStatus
+from elastrain.rendezvous.api import Cause
+from elastrain.server.fields import Command, CommandArgument, Count, DbInt, SafeText, UtcDatetime
+
+
+class JobSubmit(BaseModel):
+    """A command to run detached in the cluster's launcher container."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: Command = Field(examples=[["python", "/opt/elastrain/examples/mnist_elastic.py"]])
+
+
+class CheckpointReport(BaseModel):
+    """A checkpoint the job published (path as the container sees it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: SafeText = Field(min_length=1, max_length=4096)
+    step: Count
+    epoch: Count
+    world_size: int = Field(ge=0, le=1_000_000)
+    bytes: Count
+    write_s: float = Field(ge=0)
+
+
+class CheckpointOut(CheckpointReport):
+    """A checkpoint in a job's list, with when it was reported."""
+
+    path: str = Field(description="as the container sees it")
+    at: UtcDatetime
+
+
+class JobProgress(BaseModel):
+    """A progress report from a running job (every field optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+    step: DbInt | None = None
+    epoch: DbInt | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    world_size: int | None = Field(default=None, ge=0, le=1_000_000)
+    hosts: list[Annotated[SafeText, StringConstraints(min_length=1, max_length=253)]] | None = Field(
+        default=None, max_length=4096, description="the hosts the job trains on now (drains wait for it)"
+    )
+    checkpoint: CheckpointReport | None = None
+
+
+class JobAttach(BaseModel):
+    """`elastrain run` typed in a launcher container's terminal registers itself as a job."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[Annotated[CommandArgument, StringConstraints(max_length=4096)]] = Field(
+        min_length=1, max_length=1024
+    )
+    pid: int = Field(gt=0, lt=2**31, description="the `elastrain run` process (its liveness is the job's)")
+
+
+class JobAttached(BaseModel):
+    """What an attached job needs: its id, its report token and where to write its log and exit code."""
+
+    id: int
+    report_url: str
+    report_token: str
+    log_path: str
+    exit_path: str
+
+
+class JobIncident(BaseModel):
+    """A generation change of a running job, as `elastrain run` records it (see rendezvous.incidents)."""
+
+    model_config = ConfigDict(extra="forbid")
+    generation: Count
+    cause: Cause
+    world_size: int = Field(ge=0, le=1_000_000)
+    start_step: Count
+    steps_lost: Count
+    detect_s: float = Field(ge=0)
+    recover_s: float | None = Field(default=None, ge=0)
+    samples_replayed: Count | None = None
+    fault_at: float | None = None
+    detected_at: float | None = None
+    formed_at: float | None = None
+    first_step_at: float | None = None
+
+
+class JobOut(BaseModel):
+    """A job: command, status and its last reported progress."""
+
+    id: int
+    cluster: str
+    command: list[str]
+    status: JobStatus
+    pid: int | None
+    exit_code: int | None
+    step: int | None
+    epoch: int | None
+    loss: float | None
+    samples_per_s: float | None
+    world_size: int | None
+    created_at: UtcDatetime
+    finished_at: UtcDatetime | None

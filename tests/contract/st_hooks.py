@@ -1,0 +1,182 @@
+"""Schemathesis hooks of the contract test: every generated request is made harmless before it is sent.
+
+Loaded by ``st run`` (``hooks`` in ``tests/contract/schemathesis.toml``). The ``before_call`` hook sees
+every request of every phase (examples, coverage, fuzzing, stateful, and the checks' own re-sends):
+
+- **commands**: the command-running routes (``POST /clusters/{name}/exec`` and
+  ``POST /clusters/{name}/jobs``) get ``["echo", *fuzzed]`` instead of a fuzzed command: every fuzzed
+  string (control characters, NUL and all) still reaches the server, as echo's arguments, so the
+  routes' validation is fuzzed while a command that passes it only prints;
+- **the harness's own tokens** are never revoked (``DELETE /users/{name}/tokens/{id}`` of one of them
+  targets a token that does not exist instead): a run that revoked its own credential would test 401s;
+- **container counts** of a new cluster are capped at ``CAP_CONTAINERS``, so a fuzzed cluster holds a
+  few processes rather than 64 (the admin is exempt from quotas);
+- **rules between values that JSON Schema cannot state** hold in a valid request: a token's
+  ``expires_at``/``token_expires_at`` lies between now and ``MAX_TOKEN_DAYS`` ahead (else it becomes a
+  day ahead), and a new cluster's ``min_containers <= containers <= max_containers`` (a bound on the
+  wrong side of ``containers`` becomes ``containers``), and its shm fits its memory limit (a request
+  giving both gets no limit). Invalid requests are sent as generated.
+
+Each rewrite keeps a request as valid or as invalid as it was (a valid value maps to a valid one, an
+invalid one is left alone; the cap is monotonic, so ``min <= containers <= max`` holds after it iff it
+held before); schemathesis revalidates what a ``before_call`` hook changes anyway.
+
+The ``after_call`` hook keeps at most ``MAX_LIVE_CLUSTERS`` clusters of a run alive: past that, the
+oldest one it created is deleted (the server drains it), so a long run does not pile up processes.
+Settings come from the environment the test sets: ``ELASTRAIN_ST_PROTECTED_TOKENS`` (token ids, comma
+separated).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import quote
+
+import requests
+import schemathesis
+from pydantic import TypeAdapter, ValidationError
+
+SAFE_PROGRAM = "echo"
+CAP_CONTAINERS = 3
+MAX_CONTAINERS = 64  # the server's bound (elastrain.server.validation.MAX_CONTAINERS)
+MAX_LIVE_CLUSTERS = 8
+MAX_TOKEN_DAYS = 3650  # the server's bound on a token's lifetime (elastrain.server.schemas)
+DEFAULT_CONTAINERS = 2  # ClusterCreate.containers's default
+_COMMAND_ROUTES = ("/clusters/{name}/exec", "/clusters/{name}/jobs")
+_TOKEN_ROUTE = "/users/{name}/tokens/{token_id}"
+_EXPIRY_FIELDS = {"/users": "token_expires_at", "/users/{name}/tokens": "expires_at"}
+_CLUSTERS_ROUTE = "/clusters"
+_COUNT_FIELDS = ("containers", "min_containers", "max_containers")
+_DETOUR = 1_000_000  # protected token id + this: an id no token has in a test server
+_INT = TypeAdapter(int)
+_created: deque[tuple[str, str]] = deque()  # (cluster URL, Authorization) of the clusters created
+
+
+def protected_tokens() -> frozenset[int]:
+    """Ids of the tokens the harness authenticates with (never revoked)."""
+    raw = os.environ.get("ELASTRAIN_ST_PROTECTED_TOKENS", "")
+    return frozenset(int(part) for part in raw.split(",") if part.strip().isdigit())
+
+
+def harmless_command(command: Any) -> Any:
+    """``["echo", *command]`` for a list (every item kept, valid or not); anything else unchanged.
+
+    An empty list stays empty (invalid: the server wants at least one item); a non-list is invalid
+    whatever it holds, so it is sent as generated.
+    """
+    if isinstance(command, list) and command:
+        return [SAFE_PROGRAM, *command]
+    return command
+
+
+def _number(value: Any) -> bool:
+    """An int, or a float with no fraction (JSON Schema's integers include ``25.0``); never a bool."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def capped_count(value: Any) -> Any:
+    """A valid container count (2..64) above the cap becomes the cap; anything else is unchanged."""
+    if _number(value) and CAP_CONTAINERS < value <= MAX_CONTAINERS:
+        return CAP_CONTAINERS
+    return value
+
+
+def future_expiry(value: Any, now: datetime) -> Any:
+    """An RFC 3339 time with a zone outside (now + 1 minute, now + MAX_TOKEN_DAYS) becomes now + 1 day."""
+    if not isinstance(value, str):
+        return value
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if when.tzinfo is None or now + timedelta(minutes=1) < when < now + timedelta(days=MAX_TOKEN_DAYS - 1):
+        return value
+    return (now + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ordered_bounds(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with ``min_containers``/``max_containers`` moved to ``containers`` when on its wrong side."""
+    count = body.get("containers", DEFAULT_CONTAINERS)
+    if not _number(count):
+        return body
+    out = dict(body)
+    low, high = out.get("min_containers"), out.get("max_containers")
+    if _number(low) and low > count:
+        out["min_containers"] = count
+    if _number(high) and high < count:
+        out["max_containers"] = count
+    return out
+
+
+def shm_within_memory(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` without a memory limit when it also sets shm: /dev/shm must fit in the memory limit
+    (a rule between two sizes JSON Schema cannot state); no limit (``""``) is always valid."""
+    memory = body.get("memory")
+    if "shm" in body and isinstance(memory, str) and memory.strip():
+        return {**body, "memory": ""}
+    return body
+
+
+def as_server_int(value: Any) -> int | None:
+    """The integer the server reads from a path segment (pydantic's lax parsing: "01", " 1", "1.0")."""
+    try:
+        return _INT.validate_python(str(value))
+    except ValidationError:
+        return None
+
+
+def _route(case: Any) -> str:
+    """The operation's path template without the ``/api/v1`` prefix."""
+    path: str = case.operation.path
+    return path.removeprefix("/api/v1")
+
+
+def _positive(case: Any) -> bool:
+    meta = getattr(case, "meta", None)
+    return meta is not None and bool(meta.generation.mode.is_positive)
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    """Rewrite the request of `case` in place (see the module docstring)."""
+    method, route, body = case.operation.method.upper(), _route(case), case.body
+    if method == "POST" and route in _COMMAND_ROUTES and isinstance(body, dict) and "command" in body:
+        case.body = {**body, "command": harmless_command(body["command"])}
+    elif method == "POST" and route == _CLUSTERS_ROUTE and isinstance(body, dict):
+        body = {k: capped_count(v) if k in _COUNT_FIELDS else v for k, v in body.items()}
+        case.body = shm_within_memory(ordered_bounds(body)) if _positive(case) else body
+    elif method == "POST" and route in _EXPIRY_FIELDS and isinstance(body, dict) and _positive(case):
+        field, now = _EXPIRY_FIELDS[route], datetime.now(timezone.utc)
+        if field in body:
+            case.body = {**body, field: future_expiry(body[field], now)}
+    elif method == "DELETE" and route == _TOKEN_ROUTE:
+        params = case.path_parameters or {}
+        number = as_server_int(params.get("token_id"))
+        if number is not None and number in protected_tokens():
+            case.path_parameters = {**params, "token_id": number + _DETOUR}
+
+
+@schemathesis.hook
+def after_call(context: Any, case: Any, response: Any) -> None:
+    """Past `MAX_LIVE_CLUSTERS` clusters created by this run, delete the oldest one."""
+    if case.operation.method.upper() != "POST" or _route(case) != _CLUSTERS_ROUTE:
+        return
+    if response.status_code != 201:
+        return
+    try:
+        name = response.json()["name"]
+    except (ValueError, KeyError, TypeError):
+        return
+    url = str(response.request.url).split("?", 1)[0].rstrip("/") + "/" + quote(str(name), safe="")
+    _created.append((url, str(response.request.headers.get("Authorization", ""))))
+    while len(_created) > MAX_LIVE_CLUSTERS:
+        oldest, auth = _created.popleft()
+        try:
+            requests.delete(oldest, headers={"Authorization": auth}, timeout=10)
+        except requests.RequestException:
+            pass  # the test's cleanup deletes whatever is left

@@ -1,0 +1,61 @@
+"""The contract test's request rewrites keep a request as valid or as invalid as it was, and harmless."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from tests.contract.st_hooks import (
+    CAP_CONTAINERS,
+    SAFE_PROGRAM,
+    as_server_int,
+    capped_count,
+    future_expiry,
+    harmless_command,
+    ordered_bounds,
+)
+
+NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+def test_commands_become_echo_of_every_fuzzed_item() -> None:
+    assert harmless_command(["rm", "-rf", "/"]) == [SAFE_PROGRAM, "rm", "-rf", "/"]
+    assert harmless_command(["a\x00b"]) == [SAFE_PROGRAM, "a\x00b"]  # NUL still reaches the server
+    assert harmless_command(["x", 1]) == [SAFE_PROGRAM, "x", 1]  # still invalid
+    assert harmless_command([]) == []  # still invalid (at least one item)
+    assert harmless_command("rm -rf /") == "rm -rf /"  # not a list: refused whatever it holds
+
+
+def test_container_counts_are_capped_monotonically() -> None:
+    assert capped_count(64) == CAP_CONTAINERS and capped_count(30.0) == CAP_CONTAINERS
+    assert capped_count(2) == 2 and capped_count(CAP_CONTAINERS) == CAP_CONTAINERS
+    for invalid in (0, 1, 65, 10**20, -5, True, "3", 2.5):
+        assert capped_count(invalid) == invalid
+    values = [-1, 0, 2, 3, 4, 10, 64, 65, 1000]
+    capped = [capped_count(v) for v in values]
+    assert capped == sorted(capped)
+
+
+def test_bounds_are_put_on_the_right_side_of_containers() -> None:
+    assert ordered_bounds({"min_containers": 25, "max_containers": 1, "containers": 3}) == {
+        "min_containers": 3,
+        "max_containers": 3,
+        "containers": 3,
+    }
+    assert ordered_bounds({"min_containers": 25.0})["min_containers"] == 2  # the default count
+    kept = {"min_containers": 2, "max_containers": 8, "containers": 4}
+    assert ordered_bounds(kept) == kept
+    assert ordered_bounds({"containers": "x", "min_containers": 9})["min_containers"] == 9
+
+
+def test_expiry_times_are_moved_into_the_allowed_window() -> None:
+    tomorrow = "2030-01-02T00:00:00Z"
+    assert future_expiry("2000-01-01T00:00:00Z", NOW) == tomorrow
+    assert future_expiry("7692-07-16T11:40:35-16:24", NOW) == tomorrow
+    assert future_expiry("2031-06-01T00:00:00+02:00", NOW) == "2031-06-01T00:00:00+02:00"
+    assert future_expiry("2000-01-01T00:00:00", NOW) == "2000-01-01T00:00:00"  # no zone: invalid
+    assert future_expiry("soon", NOW) == "soon" and future_expiry(None, NOW) is None
+
+
+def test_token_ids_are_read_as_the_server_reads_them() -> None:
+    assert [as_server_int(v) for v in ("1", "01", " 1", "1.0", 7)] == [1, 1, 1, 1, 7]
+    assert as_server_int("one") is None and as_server_int("1e0") is None
