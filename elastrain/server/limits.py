@@ -79,7 +79,9 @@ class BodyLimitMiddleware:
         self.protected_prefix = protected_prefix
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
-        response = self.error(status, message, str(scope.get("path", "")))
+        raw = scope.get("raw_path")  # as sent (percent-encoded): never markup echoed back
+        where = raw.decode("latin-1") if isinstance(raw, bytes) and raw else str(scope.get("path", ""))
+        response = self.error(status, message, where.split("?", 1)[0])
         response.headers["Connection"] = "close"
         await response(scope, receive, send)
 

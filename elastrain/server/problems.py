@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -166,23 +167,32 @@ def allowed_methods(app: FastAPI, path: str, fallback: str = "") -> str:
     return ", ".join(sorted(methods, key=lambda m: (_METHODS.index(m) if m in _METHODS else 99, m)))
 
 
+def instance_of(request: Request) -> str:
+    """The request's path as it was sent (percent-encoded): a valid URI reference for `instance`,
+    and never markup echoed back (``/clusters/%3Cscript%3E`` stays encoded)."""
+    raw = request.scope.get("raw_path")
+    if isinstance(raw, bytes) and raw:
+        return raw.decode("latin-1").split("?", 1)[0]
+    return quote(request.url.path, safe="/:@!$&'()*+,;=-._~")
+
+
 def install(app: FastAPI) -> None:
     """Answer every refusal of `app` with problem details."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> ProblemResponse:
         errors = exc.errors if isinstance(exc, InvalidRequest) else None
-        return problem_response(exc.status, str(exc), request.url.path, errors)
+        return problem_response(exc.status, str(exc), instance_of(request), errors)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> ProblemResponse:
         errors = validation_errors(exc.errors())
-        return problem_response(422, validation_detail(errors), request.url.path, errors)
+        return problem_response(422, validation_detail(errors), instance_of(request), errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> ProblemResponse:
         headers = dict(exc.headers or {})
-        path, detail = request.url.path, str(exc.detail)
+        path, detail = instance_of(request), str(exc.detail)
         if exc.status_code == 400 and detail == BODY_UNREADABLE:  # FastAPI's: not UTF-8, say
             errors = [FieldError("body", unreadable_body(exc.__cause__))]
             return problem_response(422, validation_detail(errors), path, errors)
@@ -196,4 +206,4 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> ProblemResponse:
         log.exception("unhandled error")
-        return problem_response(500, f"internal error: {type(exc).__name__}", request.url.path)
+        return problem_response(500, f"internal error: {type(exc).__name__}", instance_of(request))

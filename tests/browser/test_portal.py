@@ -207,7 +207,9 @@ def test_invalid_input_shows_field_errors(server: ControlPlane, page: Any, shot:
     page.get_by_label("Shared memory size").fill("lots")
     submit_and_expect("shm", "not understood")
     page.get_by_label("Shared memory size").fill("1Gi")
-    page.get_by_label("Host path").fill("/definitely/not/here")
+    page.get_by_label("Host path").fill("/definitely/not/here")  # 403: outside --allow-mount (no probing)
+    submit_and_expect("mounts", "outside the allowed roots")
+    page.get_by_label("Host path").fill(str(server.mounts / "not-here"))  # 409: inside, but missing
     submit_and_expect("mounts", "does not exist")
     with server.client() as c:
         assert "ok" not in [k.name for k in c.list_clusters()], "a refused form must not create a cluster"

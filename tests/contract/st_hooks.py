@@ -14,8 +14,8 @@ every request of every phase (examples, coverage, fuzzing, stateful, and the che
 - **rules between values that JSON Schema cannot state** hold in a valid request: a token's
   ``expires_at``/``token_expires_at`` lies between now and ``MAX_TOKEN_DAYS`` ahead (else it becomes a
   day ahead), and a new cluster's ``min_containers <= containers <= max_containers`` (a bound on the
-  wrong side of ``containers`` becomes ``containers``), and its shm fits its memory limit (a request
-  giving both gets no limit). Invalid requests are sent as generated.
+  wrong side of ``containers`` becomes ``containers``), and its memory limit holds its shm (a smaller
+  limit becomes the shm's size). Invalid requests are sent as generated.
 
 Each rewrite keeps a request as valid or as invalid as it was (a valid value maps to a valid one, an
 invalid one is left alone; the cap is monotonic, so ``min <= containers <= max`` holds after it iff it
@@ -45,6 +45,7 @@ MAX_CONTAINERS = 64  # the server's bound (elastrain.server.validation.MAX_CONTA
 MAX_LIVE_CLUSTERS = 8
 MAX_TOKEN_DAYS = 3650  # the server's bound on a token's lifetime (elastrain.server.schemas)
 DEFAULT_CONTAINERS = 2  # ClusterCreate.containers's default
+DEFAULT_SHM = "64Mi"  # ClusterCreate.shm's default
 _COMMAND_ROUTES = ("/clusters/{name}/exec", "/clusters/{name}/jobs")
 _TOKEN_ROUTE = "/users/{name}/tokens/{token_id}"
 _EXPIRY_FIELDS = {"/users": "token_expires_at", "/users/{name}/tokens": "expires_at"}
@@ -114,12 +115,21 @@ def ordered_bounds(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def shm_within_memory(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` without a memory limit when it also sets shm: /dev/shm must fit in the memory limit
-    (a rule between two sizes JSON Schema cannot state); no limit (``""``) is always valid."""
-    memory = body.get("memory")
-    if "shm" in body and isinstance(memory, str) and memory.strip():
-        return {**body, "memory": ""}
-    return body
+    """`body` whose memory limit holds its shm (given or the default 64Mi): /dev/shm counts against
+    the memory limit, a rule between two sizes JSON Schema cannot state. A limit below the shm
+    becomes the shm's own size."""
+    from elastrain.server.errors import InvalidRequest
+    from elastrain.server.validation import parse_size
+
+    memory, shm = body.get("memory"), body.get("shm", DEFAULT_SHM)
+    if not (isinstance(memory, str) and memory.strip() and isinstance(shm, str)):
+        return body
+    try:
+        if parse_size(memory) >= parse_size(shm):
+            return body
+    except (ValueError, InvalidRequest):  # an invalid size is left as generated
+        return body
+    return {**body, "memory": shm}
 
 
 def as_server_int(value: Any) -> int | None:

@@ -12,6 +12,7 @@ from tests.contract.st_hooks import (
     future_expiry,
     harmless_command,
     ordered_bounds,
+    shm_within_memory,
 )
 
 NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -59,3 +60,10 @@ def test_expiry_times_are_moved_into_the_allowed_window() -> None:
 def test_token_ids_are_read_as_the_server_reads_them() -> None:
     assert [as_server_int(v) for v in ("1", "01", " 1", "1.0", 7)] == [1, 1, 1, 1, 7]
     assert as_server_int("one") is None and as_server_int("1e0") is None
+
+
+def test_a_memory_limit_below_the_shm_becomes_the_shm() -> None:
+    assert shm_within_memory({"memory": "1K"}) == {"memory": "64Mi"}  # the default shm
+    assert shm_within_memory({"memory": "1K", "shm": "2Gi"}) == {"memory": "2Gi", "shm": "2Gi"}
+    for body in ({"memory": "4Gi"}, {"memory": ""}, {"memory": "lots"}, {"shm": "1Gi"}):
+        assert shm_within_memory(body) == body  # within, no limit, invalid (left alone), no memory
