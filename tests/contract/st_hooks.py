@@ -15,7 +15,8 @@ every request of every phase (examples, coverage, fuzzing, stateful, and the che
   ``expires_at``/``token_expires_at`` lies between now and ``MAX_TOKEN_DAYS`` ahead (else it becomes a
   day ahead), and a new cluster's ``min_containers <= containers <= max_containers`` (a bound on the
   wrong side of ``containers`` becomes ``containers``), and its memory limit holds its shm (a smaller
-  limit becomes the shm's size). Invalid requests are sent as generated.
+  limit becomes the shm's size), and its mounts have distinct targets (a later mount on a target
+  already mounted is dropped). Invalid requests are sent as generated.
 
 Each rewrite keeps a request as valid or as invalid as it was (a valid value maps to a valid one, an
 invalid one is left alone; the cap is monotonic, so ``min <= containers <= max`` holds after it iff it
@@ -132,6 +133,25 @@ def shm_within_memory(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "memory": shm}
 
 
+def distinct_mount_targets(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` keeping the first mount of each target (normalised as the server does: ``//x/`` is
+    ``/x``): two mounts on one target is a rule between items JSON Schema cannot state."""
+    from elastrain.server.validation import normal_target
+
+    mounts = body.get("mounts")
+    if not isinstance(mounts, list):
+        return body
+    kept, seen = [], set()
+    for mount in mounts:
+        if isinstance(mount, str):
+            target = normal_target(mount.rpartition(":")[2])
+            if target in seen:
+                continue
+            seen.add(target)
+        kept.append(mount)
+    return body if len(kept) == len(mounts) else {**body, "mounts": kept}
+
+
 def as_server_int(value: Any) -> int | None:
     """The integer the server reads from a path segment (pydantic's lax parsing: "01", " 1", "1.0")."""
     try:
@@ -159,7 +179,9 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
         case.body = {**body, "command": harmless_command(body["command"])}
     elif method == "POST" and route == _CLUSTERS_ROUTE and isinstance(body, dict):
         body = {k: capped_count(v) if k in _COUNT_FIELDS else v for k, v in body.items()}
-        case.body = shm_within_memory(ordered_bounds(body)) if _positive(case) else body
+        if _positive(case):
+            body = distinct_mount_targets(shm_within_memory(ordered_bounds(body)))
+        case.body = body
     elif method == "POST" and route in _EXPIRY_FIELDS and isinstance(body, dict) and _positive(case):
         field, now = _EXPIRY_FIELDS[route], datetime.now(timezone.utc)
         if field in body:

@@ -9,6 +9,7 @@ from tests.contract.st_hooks import (
     SAFE_PROGRAM,
     as_server_int,
     capped_count,
+    distinct_mount_targets,
     future_expiry,
     harmless_command,
     ordered_bounds,
@@ -67,3 +68,9 @@ def test_a_memory_limit_below_the_shm_becomes_the_shm() -> None:
     assert shm_within_memory({"memory": "1K", "shm": "2Gi"}) == {"memory": "2Gi", "shm": "2Gi"}
     for body in ({"memory": "4Gi"}, {"memory": ""}, {"memory": "lots"}, {"shm": "1Gi"}):
         assert shm_within_memory(body) == body  # within, no limit, invalid (left alone), no memory
+
+
+def test_mounts_keep_the_first_of_each_target() -> None:
+    body = {"mounts": ["/a:/x", "/b://x/", "/c:/y", 7, 7]}
+    assert distinct_mount_targets(body) == {"mounts": ["/a:/x", "/c:/y", 7, 7]}  # non-strings: as sent
+    assert distinct_mount_targets({"mounts": "/a:/x"}) == {"mounts": "/a:/x"}
