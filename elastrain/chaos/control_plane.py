@@ -56,12 +56,18 @@ def container_inits(data_dir: Path) -> set[int]:
 
 def stop_server(proc: subprocess.Popen[bytes], client: Callable[[], Client]) -> None:
     """Delete every cluster through the API (that stops their processes), then stop the server."""
+    from elastrain.client import ClientError
+
     if proc.poll() is not None:
         return
     try:
         with client() as admin:
             for cluster in admin.list_clusters():
-                admin.delete_cluster(cluster.name)
+                try:
+                    admin.delete_cluster(cluster.name)
+                except ClientError as exc:  # one already being deleted may be gone by now
+                    if exc.status != 404:
+                        raise
             for cluster in admin.list_clusters():
                 admin.wait_deleted(cluster.name, timeout=60)
     finally:
