@@ -78,6 +78,9 @@ def test_a_pid_outside_the_container_is_not_its_own(tmp_path: Path, decoy: subpr
     (tmp_path / "clusters" / "c" / "c-launcher").mkdir(parents=True)
     inside = backend.exec(spec, ["sleep", "300"])
     try:
+        deadline = time.monotonic() + 10  # until the child has exec'd (its environment is the marker)
+        while backend.own_pid(spec, inside.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert backend.own_pid(spec, inside.pid) == inside.pid
         other = ContainerSpec("c", "uid2", "c-launcher", "launcher", "127.0.0.1")  # another cluster's
         assert backend.own_pid(other, inside.pid) is None
