@@ -62,6 +62,7 @@ class ImageEntry:
     size_bytes: int = 0
     created: str = ""
     description: str = ""
+    default_for: tuple[str, ...] = ()  # the frameworks whose clusters get this image when none is named
 
 
 class Backend(abc.ABC):

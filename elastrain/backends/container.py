@@ -112,13 +112,16 @@ class ContainerBackend(Backend):
 
     def images(self) -> list[ImageEntry]:
         """The elastrain images in podman's store (`elastrain image build` makes them)."""
-        from elastrain.images.catalog import list_images
+        from elastrain.images.catalog import list_images, pick_default
 
+        infos = list_images()
+        defaults = {f: pick_default(infos, f) for i in infos for f in i.frameworks}
         by_id: dict[str, ImageEntry] = {}
-        for i in list_images():  # one entry per image: its :latest tag where it has one
+        for i in infos:  # one entry per image: its :latest tag where it has one
             if i.id not in by_id or i.name.endswith(":latest"):
+                default_for = tuple(f for f, d in sorted(defaults.items()) if d is not None and d.id == i.id)
                 by_id[i.id] = ImageEntry(
-                    i.name, i.frameworks, i.size_bytes, i.created, f"OCI image {i.id[:12]}"
+                    i.name, i.frameworks, i.size_bytes, i.created, f"OCI image {i.id[:12]}", default_for
                 )
         return list(by_id.values())
 

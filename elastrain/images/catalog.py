@@ -104,9 +104,26 @@ def find_image(name: str) -> ImageInfo | None:
     return None
 
 
-def default_image_for(framework: str) -> ImageInfo | None:
-    """The newest elastrain image holding `framework` (its ``:latest`` tag when it has one)."""
-    candidates = [i for i in list_images() if framework in i.frameworks]
+def pick_default(images: list[ImageInfo], framework: str) -> ImageInfo | None:
+    """Of `images`, the one a cluster of `framework` gets when it names none.
+
+    The framework's own image (``elastrain-<framework>``) wins over a newer image that merely also
+    holds the framework (the Slurm image is built on the PyTorch one and would otherwise shadow it
+    once built); then the newest; its ``:latest`` tag when it has one.
+    """
+    candidates = [i for i in images if framework in i.frameworks]
     if not candidates:
         return None
-    return max(candidates, key=lambda i: (i.created, i.name.endswith(":latest"), i.name))
+    own = FRAMEWORK_IMAGES.get(framework)
+    own_repo = normalize_name(own).rsplit(":", 1)[0] if own else None
+
+    def rank(info: ImageInfo) -> tuple[bool, str, bool, str]:
+        is_own = info.name.rsplit(":", 1)[0] == own_repo
+        return (is_own, info.created, info.name.endswith(":latest"), info.name)
+
+    return max(candidates, key=rank)
+
+
+def default_image_for(framework: str) -> ImageInfo | None:
+    """The image podman holds that a cluster of `framework` gets when it names none (`pick_default`)."""
+    return pick_default(list_images(), framework)

@@ -333,6 +333,10 @@ class ImageOut(BaseModel):
     size_bytes: int
     created: str = Field(description="RFC 3339 UTC; empty when unknown")
     description: str = ""
+    default_for: list[str] = Field(
+        default_factory=list,
+        description="the frameworks whose clusters get this image when the create request names none",
+    )
 
 
 class InventoryOut(BaseModel):

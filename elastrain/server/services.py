@@ -361,6 +361,7 @@ class Services:
                 size_bytes=i.size_bytes,
                 created=i.created,
                 description=i.description,
+                default_for=list(i.default_for),
             )
             for i in sorted(found, key=lambda i: i.created, reverse=True)
         ]

@@ -282,3 +282,16 @@ def test_a_framework_no_image_holds_is_refused_with_the_build_command(
     with pytest.raises(ValueError, match=r"holds pytorch, not deepspeed; build one with"):
         backend.resolve_image("elastrain-pytorch", "deepspeed")
     assert backend.resolve_image("", "pytorch") == "localhost/elastrain-pytorch:latest"
+
+
+def test_a_newer_image_that_also_holds_the_framework_does_not_shadow_its_own() -> None:
+    def info(name: str, frameworks: tuple[str, ...], created: str, ident: str) -> catalog.ImageInfo:
+        return catalog.ImageInfo(name, frameworks, 1, created, "k", ident * 64)
+
+    pytorch = info("localhost/elastrain-pytorch:latest", ("pytorch",), "2026-12-01T10:00:00Z", "a")
+    slurm = info("localhost/elastrain-slurm:latest", ("slurm", "pytorch"), "2026-12-01T11:00:00Z", "b")
+    custom = info("localhost/team/torch:latest", ("pytorch",), "2026-12-01T12:00:00Z", "c")
+    assert catalog.pick_default([pytorch, slurm, custom], "pytorch") == pytorch
+    assert catalog.pick_default([slurm, custom], "pytorch") == custom  # no own image: the newest
+    assert catalog.pick_default([pytorch, slurm], "slurm") == slurm
+    assert catalog.pick_default([pytorch], "horovod") is None

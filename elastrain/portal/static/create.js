@@ -41,12 +41,10 @@ function holds(image, framework) {
   return image.name === "local" || image.frameworks.includes(framework);
 }
 
-/** The image the server picks for `framework` when the select is left on the default: the newest
- *  holding it, its :latest tag first (as `default_image_for` in elastrain/images/catalog.py). */
-function defaultImage(holders) {
-  const rank = (i) => [i.created, i.name.endsWith(":latest") ? 1 : 0, i.name];
-  const cmp = (a, b) => { for (let k = 0; k < 3; k += 1) { if (a[k] !== b[k]) return a[k] < b[k] ? -1 : 1; } return 0; };
-  return holders.reduce((best, i) => (cmp(rank(i), rank(best)) > 0 ? i : best));
+/** The image the server picks for `framework` when the select is left on the default (the server
+ *  names it in `default_for`; the process backend's "local" is the only holder there). */
+function defaultImage(holders, framework) {
+  return holders.find((i) => (i.default_for || []).includes(framework)) || holders[0];
 }
 
 /** An option's text: `name — frameworks, size`. */
@@ -101,9 +99,9 @@ document.addEventListener("DOMContentLoaded", () => {
         `no image holds ${framework} yet: build one with `, Portal.el("code", {}, build));
     } else if (picked && !holds(picked, framework)) {
       imageNote.textContent = `${picked.name} does not hold ${framework}: ` +
-        `leave the default (${defaultImage(holders).name}) or pick an image that does`;
+        `leave the default (${defaultImage(holders, framework).name}) or pick an image that does`;
     } else if (!picked) {
-      imageNote.textContent = `default for ${framework}: ${defaultImage(holders).name}`;
+      imageNote.textContent = `default for ${framework}: ${defaultImage(holders, framework).name}`;
     } else {
       imageNote.textContent = defaultNote;
     }
