@@ -8,12 +8,21 @@ could have said, and a refusal names its field (a 422 listing every bad field, n
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from elastrain.db.models import Framework, RestartPolicy
@@ -46,6 +55,28 @@ def server_check(check: Callable[[Any], object], kind: type) -> BeforeValidator:
         return value
 
     return BeforeValidator(run)
+
+
+def _is_number_type(annotation: Any) -> bool:
+    """Whether a field of `annotation` holds a number (int or float, optional or not)."""
+    if get_origin(annotation) is Annotated:
+        return _is_number_type(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(_is_number_type(arg) for arg in get_args(annotation) if arg is not type(None))
+    return annotation in (int, float)
+
+
+class Body(BaseModel):
+    """A request body: a JSON ``true``/``false`` is never a number (pydantic's lax mode would take
+    ``true`` as 1 where the schema says ``integer`` or ``number``)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _is_number_type(field.annotation):
+            raise PydanticCustomError("number_type", "Input should be a number, not a boolean")
+        return value
 
 
 def as_utc(value: datetime) -> datetime:

@@ -11,17 +11,17 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from elastrain.db.models import JobStatus
 from elastrain.rendezvous.api import Cause
-from elastrain.server.fields import Command, CommandArgument, Count, DbInt, SafeText, UtcDatetime
+from elastrain.server.fields import Body, Command, CommandArgument, Count, DbInt, SafeText, UtcDatetime
 
 
-class JobSubmit(BaseModel):
+class JobSubmit(Body):
     """A command to run detached in the cluster's launcher container."""
 
     model_config = ConfigDict(extra="forbid")
     command: Command = Field(examples=[["python", "/opt/elastrain/examples/mnist_elastic.py"]])
 
 
-class CheckpointReport(BaseModel):
+class CheckpointReport(Body):
     """A checkpoint the job published (path as the container sees it)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -40,7 +40,7 @@ class CheckpointOut(CheckpointReport):
     at: UtcDatetime
 
 
-class JobProgress(BaseModel):
+class JobProgress(Body):
     """A progress report from a running job (every field optional)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -55,7 +55,7 @@ class JobProgress(BaseModel):
     checkpoint: CheckpointReport | None = None
 
 
-class JobAttach(BaseModel):
+class JobAttach(Body):
     """`elastrain run` typed in a launcher container's terminal registers itself as a job."""
 
     model_config = ConfigDict(extra="forbid")
@@ -75,7 +75,7 @@ class JobAttached(BaseModel):
     exit_path: str
 
 
-class JobIncident(BaseModel):
+class JobIncident(Body):
     """A generation change of a running job, as `elastrain run` records it (see rendezvous.incidents)."""
 
     model_config = ConfigDict(extra="forbid")

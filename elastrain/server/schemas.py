@@ -18,6 +18,7 @@ from pydantic import (
 from elastrain.db.models import ClusterState, ContainerRole, ContainerState, Framework, RestartPolicy
 from elastrain.server.fields import (
     MAX_DB_INT,  # re-exported: app.py
+    Body,
     ClusterName,
     Command,
     ContainerCount,
@@ -99,7 +100,7 @@ class ErrorOut(BaseModel):
     )
 
 
-class UserCreate(BaseModel):
+class UserCreate(Body):
     """Create a user (admin only): give at most one of `token_expires_in_days` and `token_expires_at`."""
 
     model_config = ConfigDict(
@@ -132,7 +133,7 @@ QuotaValue = Annotated[int, Field(ge=0, le=1_000_000), BeforeValidator(refuse_bo
 """One quota limit (0: none allowed)."""
 
 
-class TokenCreate(BaseModel):
+class TokenCreate(Body):
     """Create an API token: give at most one of `expires_in_days` and `expires_at` (neither: never)."""
 
     model_config = ConfigDict(
@@ -170,7 +171,7 @@ class TokenCreated(TokenOut):
     token: str
 
 
-class QuotaPatch(BaseModel):
+class QuotaPatch(Body):
     """New limits: only the fields sent change; null puts a limit back to the server default."""
 
     model_config = ConfigDict(extra="forbid")
@@ -179,7 +180,7 @@ class QuotaPatch(BaseModel):
     gpus: QuotaValue | None = None
 
 
-class UserPatch(BaseModel):
+class UserPatch(Body):
     """Change a user (admin only): their quota."""
 
     model_config = ConfigDict(extra="forbid")
@@ -214,7 +215,7 @@ class UserDetailOut(BaseModel):
     usage: UsageOut
 
 
-class ClusterCreate(BaseModel):
+class ClusterCreate(Body):
     """Create a cluster: one launcher plus `containers - 1` workers."""
 
     model_config = ConfigDict(extra="forbid")
@@ -253,7 +254,7 @@ class ClusterCreate(BaseModel):
     )
 
 
-class ClusterScale(BaseModel):
+class ClusterScale(Body):
     """Change a cluster's container count (launcher included)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -303,7 +304,7 @@ class ClusterOut(BaseModel):
     containers: list[ContainerOut]
 
 
-class ExecRequest(BaseModel):
+class ExecRequest(Body):
     """A command to run in the launcher container (or the named one)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -143,6 +143,26 @@ def test_one_refusal_names_every_bad_field() -> None:
     assert "512Mi" in errors["shm"] and all("\n" not in m for m in errors.values())
 
 
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [
+        (schemas.ClusterCreate, "cpus"),  # schemathesis seed 7 found `"cpus": true` accepted
+        (schemas.ClusterCreate, "priority"),
+        (schemas.ClusterCreate, "min_containers"),
+        (schemas.ClusterScale, "containers"),
+        (job_schemas.JobProgress, "loss"),
+        (job_schemas.JobProgress, "step"),
+    ],
+)
+def test_a_boolean_is_never_a_number(model: type[BaseModel], field: str) -> None:
+    body = {"name": "a", field: True} if model is schemas.ClusterCreate else {field: True}
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate_json(json.dumps(body))
+    assert [(e["loc"], e["msg"]) for e in refused.value.errors()] == [
+        ((field,), "Input should be a number, not a boolean")
+    ]
+
+
 # --- the schema and the server's checks agree ------------------------------------------------------
 
 
