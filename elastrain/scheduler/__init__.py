@@ -1,13 +1,19 @@
 """Elastic GPU scheduler: policies as pure functions of the cluster state, and a trace simulator.
 
-* :mod:`~elastrain.scheduler.api` — ``Node``, ``Job``, ``ClusterState``, the decisions (``Start``,
-  ``Grow``, ``Shrink``, ``PreemptToMin``, ``Preempt``, ``Wait``, ``Finish``), the ``Policy`` ABC and
-  ``apply`` (the one place the inventory changes; it validates every decision).
-* Policies: :mod:`~elastrain.scheduler.static`, :mod:`~elastrain.scheduler.elastic`,
-  :mod:`~elastrain.scheduler.tiresias`; by name through :mod:`~elastrain.scheduler.registry`.
-* :mod:`~elastrain.scheduler.throughput` — the fitted Pollux step-time model (speed by GPU count).
+* :mod:`~elastrain.scheduler.api` — ``Node``, ``Job``, ``ClusterState``, the ``Policy`` ABC and
+  ``apply`` (the one place the inventory changes; it validates every decision); the decisions
+  (``Start``, ``Grow``, ``Shrink``, ``PreemptToMin``, ``Preempt``, ``Wait``, ``Finish``) live in
+  :mod:`~elastrain.scheduler.decisions` and are re-exported by ``api``.
+* Policies: :mod:`~elastrain.scheduler.static` (``static``, ``static-backfill``),
+  :mod:`~elastrain.scheduler.tiresias` (the Pollux artifact's 2D-LAS),
+  :mod:`~elastrain.scheduler.elastic` (+ ``elastic_plan``); shared least-attained-service ranking in
+  :mod:`~elastrain.scheduler.ranking`; by name (:class:`~elastrain.scheduler.registry.PolicyName`)
+  through :mod:`~elastrain.scheduler.registry`.
+* :mod:`~elastrain.scheduler.throughput` — the fitted Pollux step-time model, placement-aware
+  (speed by GPU count *and* node count); the same ``job_speed`` drives policies and simulator.
 * :mod:`~elastrain.scheduler.simulator` (+ ``trace``, ``metrics``, ``plot``, ``cli``) —
-  ``elastrain simulate``: the same policies on a virtual clock.
+  ``elastrain simulate``: the same policies on a virtual clock. See docs/scheduler.md.
 
-Nothing here imports numpy, scipy or matplotlib at module import time.
+Nothing here imports numpy, scipy or matplotlib at module import time, nor anything of the control
+plane (``elastrain.server``, ``portal``, ``db``, ``backends``; an import-linter contract checks it).
 """

@@ -11,13 +11,23 @@ Units: a job has workers (containers) of ``gpus_per_worker`` GPUs each, all on o
 from __future__ import annotations
 
 import bisect
-import enum
 import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from elastrain.scheduler.decisions import (
+    Decision,
+    DecisionKind,
+    Finish,
+    Grow,
+    Preempt,
+    PreemptToMin,
+    Shrink,
+    Start,
+    Wait,
+)
 from elastrain.scheduler.inventory import InvalidDecision, Inventory, Placement, placement_workers
 
 __all__ = [
@@ -104,6 +114,15 @@ class Job:
         """GPUs held now."""
         return self.workers * self.gpus_per_worker
 
+    @property
+    def nodes(self) -> int:
+        """Nodes the job spans now (0 while queued)."""
+        return len(self.placement)
+
+    def waiting_since(self) -> float:
+        """When a queued job last entered the queue: its arrival, or its last preemption."""
+        return max(self.arrival_s, self.service_since_s)
+
     def attained_at(self, now_s: float) -> float:
         """GPU-seconds of service received by ``now_s``."""
         if not self.placement:
@@ -114,79 +133,6 @@ class Job:
 def queue_key(job: Job) -> tuple[int, float, str]:
     """The canonical queue order: higher priority first, then earlier arrival, then id."""
     return (-job.priority, job.arrival_s, job.id)
-
-
-class DecisionKind(enum.Enum):
-    """What a decision does."""
-
-    START = "start"
-    GROW = "grow"
-    SHRINK = "shrink"
-    PREEMPT_TO_MIN = "preempt-to-min"
-    PREEMPT = "preempt"
-    WAIT = "wait"
-    FINISH = "finish"
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """Base of all decisions: the job it concerns and a human-readable reason."""
-
-    kind: ClassVar[DecisionKind]
-    job_id: str
-    reason: str = field(default="", kw_only=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Start(Decision):
-    """Start a queued job as a gang of ``workers`` (min <= workers <= max)."""
-
-    kind: ClassVar[DecisionKind] = DecisionKind.START
-    workers: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Grow(Decision):
-    """Grow a running job to ``workers`` in total."""
-
-    kind: ClassVar[DecisionKind] = DecisionKind.GROW
-    workers: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Shrink(Decision):
-    """Shrink a running job to ``workers`` in total (never below its minimum); graceful."""
-
-    kind: ClassVar[DecisionKind] = DecisionKind.SHRINK
-    workers: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptToMin(Decision):
-    """Shrink a running job straight to its minimum (for a higher-priority job)."""
-
-    kind: ClassVar[DecisionKind] = DecisionKind.PREEMPT_TO_MIN
-
-
-@dataclass(frozen=True, slots=True)
-class Preempt(Decision):
-    """Suspend a running job entirely (it commits, keeps its progress and is queued again)."""
-
-    kind: ClassVar[DecisionKind] = DecisionKind.PREEMPT
-
-
-@dataclass(frozen=True, slots=True)
-class Wait(Decision):
-    """Keep a queued job waiting; informational (the state does not change)."""
-
-    kind: ClassVar[DecisionKind] = DecisionKind.WAIT
-
-
-@dataclass(frozen=True, slots=True)
-class Finish(Decision):
-    """A job ended (emitted by the environment, never by a policy): release its GPUs, drop it."""
-
-    kind: ClassVar[DecisionKind] = DecisionKind.FINISH
 
 
 @dataclass(frozen=True)

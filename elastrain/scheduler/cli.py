@@ -19,8 +19,13 @@ def add_simulate_command(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--gpus", type=int, required=True, help="GPUs in the simulated cluster")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--policy", default="elastic", help="one policy: static, elastic or tiresias")
-    group.add_argument("--compare", help="comma-separated policies to run and compare, e.g. static,elastic")
+    group.add_argument(
+        "--policy", default="elastic", help="one policy: static, static-backfill, elastic or tiresias"
+    )
+    group.add_argument(
+        "--compare",
+        help="comma-separated policies to run and compare, e.g. static,static-backfill,elastic,tiresias",
+    )
     p.add_argument("--json", type=Path, help="write {policy: metrics} as JSON here")
     p.add_argument("--plot", type=Path, help="write a PNG of GPUs in use and queue length over time")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
@@ -28,8 +33,20 @@ def add_simulate_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--restart-cost",
         type=float,
-        default=10.0,
-        help="seconds without progress per resize/resume (default 10)",
+        default=30.0,
+        help="seconds without progress per resize/resume (default 30, the Pollux artifact's)",
+    )
+    p.add_argument(
+        "--max-gpus-default",
+        type=int,
+        default=0,
+        help="elastic max GPUs of a job whose trace has no max_gpus: max(num_gpus, this); 0: one node",
+    )
+    p.add_argument(
+        "--tiresias-threshold",
+        type=float,
+        default=None,
+        help="Tiresias queue threshold, GPU-hours of attained service (default 16, as in Pollux)",
     )
     p.add_argument("--interval", type=float, default=60.0, help="rescheduling grid for wakeups, seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -69,18 +86,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     if args.gpus < 1 or args.gpus_per_node < 1:
         raise ConfigError("--gpus and --gpus-per-node must be >= 1")
-    if args.restart_cost < 0 or args.interval <= 0:
-        raise ConfigError("--restart-cost must be >= 0 and --interval > 0")
+    if args.restart_cost < 0 or args.interval <= 0 or args.max_gpus_default < 0:
+        raise ConfigError("--restart-cost and --max-gpus-default must be >= 0 and --interval > 0")
+    if args.tiresias_threshold is not None and args.tiresias_threshold <= 0:
+        raise ConfigError("--tiresias-threshold must be > 0 GPU-hours")
     names = [n.strip() for n in (args.compare or args.policy).split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
         raise ConfigError("give each policy once, e.g. --compare static,elastic,tiresias")
-    policies = [make_policy(n) for n in names]
+    policies = [make_policy(n, args.tiresias_threshold) for n in names]
     jobs = repeat_trace(read_trace(args.trace), args.repeat)
     config = SimConfig(
         gpus=args.gpus,
         gpus_per_node=args.gpus_per_node,
         interval_s=args.interval,
         restart_cost_s=args.restart_cost,
+        max_gpus_default=args.max_gpus_default,
     )
     results = []
     for policy in policies:

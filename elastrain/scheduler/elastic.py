@@ -1,74 +1,133 @@
-"""``elastic``: gang the minimum, share idle GPUs by marginal throughput, shrink to admit.
+"""``elastic``: least-attained-service ranking, minimums first, leftovers by marginal throughput.
 
-One pass over the state:
+One pass over the whole cluster (running and queued jobs alike), returning decisions the caller
+(simulator or control plane) carries out:
 
-1. **Admit** queued jobs in queue order (priority, then arrival) at their *minimum* size. If the
-   minimum does not fit in the free GPUs, running jobs of the same or lower priority that are above
-   their minimum give back one worker at a time (lowest priority first, then the one that loses the
-   smallest fraction of its speed per GPU) until it fits. A job that cannot be admitted even then
-   blocks the queue (no backfilling past it, so large jobs are not starved) and gets a ``Wait``.
-2. **Grow**: idle GPUs are handed out step by step to the running or just-admitted job with the
-   highest priority, then the largest marginal gain per GPU,
-   ``(speed(w + k) - speed(w)) / speed(w) / (k * gpus_per_worker)``, where ``k`` (usually 1) is the
-   number of workers that maximises it (so a dip in the curve, such as the first worker on a second
-   node, does not stop growth), while that gain is at least ``min_gain`` and the job is below its
-   maximum. Speeds come from the job's measured samples/s per
-   world size, else from the fitted throughput model (:func:`elastrain.scheduler.throughput.job_speed`).
+1. **Rank** every job by (user priority, service level, arrival): the level is the job's attained
+   GPU-service against ``thresholds`` (multi-level least-attained-service; default levels split at
+   2 and 16 GPU-hours, tuned on the shared Philly window), FIFO within a level.
+2. **Minimums in rank order**: each job gets its minimum if it fits in the GPUs not yet promised,
+   otherwise it is **skipped** (never blocking the jobs behind it). GPUs a higher-priority job holds
+   above its minimum are not promised to lower-priority jobs. Running jobs left without their
+   minimum are **preempted** — only ever because better-ranked jobs took the GPUs. *Starvation
+   guard*: a queued job that was skipped (a lower-ranked job got GPUs it could not) after waiting
+   ``starvation_s`` since it last queued moves to the front of its priority band and the pass is
+   redone, so a large minimum cannot be passed over forever.
+3. **Admission**: each kept queued job starts at its minimum in the free GPUs; when they do not
+   suffice, kept running jobs of the same or lower priority give back GPUs *above their minimum*,
+   worst-ranked first (minimums come before anyone's extras).
+4. **Leftovers** go one growth step at a time to the job with the highest marginal gain per GPU,
+   ``(speed(w + k) - speed(w)) / speed(w) / (k * gpus_per_worker)`` (higher priority first), with
+   ``speed`` the placement-aware throughput model (:func:`elastrain.scheduler.throughput.job_speed`:
+   the node count is the one the placement would really have), while the gain is at least
+   ``min_gain`` and the job is below its maximum. ``k`` may exceed 1 to get over dips (the first
+   worker on a second node).
 
-A job never goes below its minimum; a higher-priority job is never shrunk for a lower-priority one.
-Decisions come out as shrinks, then starts (at their final size), then grows.
+Decisions come out as preemptions, shrinks, starts (at their final size), then grows, one per job.
+Resizes are not free for the job (the simulator stalls it ``restart_cost_s``), so the policy only
+takes GPUs away from a running job when another job's minimum needs them.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import replace
 
-from elastrain.scheduler.api import (
-    ClusterState,
-    Decision,
-    Grow,
-    Job,
-    Policy,
-    PreemptToMin,
-    Shrink,
-    Start,
-    Wait,
+from elastrain.scheduler.api import ClusterState, Decision, Job, Policy, Preempt, Wait
+from elastrain.scheduler.elastic_plan import Plan, SpeedFn, replays
+from elastrain.scheduler.ranking import (
+    GPU_HOUR,
+    earliest_waiting_since,
+    next_crossing_s,
+    protected_extras,
+    rank_jobs,
 )
-from elastrain.scheduler.inventory import InvalidDecision, Inventory
 from elastrain.scheduler.throughput import job_speed
 
-SpeedFn = Callable[[Job, int], float]
+DEFAULT_THRESHOLDS = (2 * GPU_HOUR, 16 * GPU_HOUR)
+DEFAULT_STARVATION_S = 6 * 3600.0
+MAX_WAITS = 16
 
 
 class ElasticPolicy(Policy):
-    """Min-gang admission with shrinking, then marginal-throughput growth into idle GPUs.
+    """Multi-level LAS ranking, skip-if-no-fit minimums, shrink-to-admit, marginal-gain growth.
 
-    ``speed(job, workers)`` gives a job's throughput in any unit (only ratios are used; default: the
-    measured samples/s or the fitted model); ``min_gain`` is the smallest relative speed-up per added
-    GPU worth a resize (default 2 %).
+    ``speed(job, workers, nodes)`` gives a job's throughput in any unit (only ratios are used;
+    default: measured samples/s or the fitted model); ``min_gain`` is the smallest relative speed-up
+    per added GPU worth a resize (default 2 %); ``thresholds`` are the service levels in GPU-seconds;
+    ``starvation_s`` is how long a skipped queued job waits before it goes first in its band.
+    ``preemptive=False`` (the control plane, which cannot suspend a cluster yet) never takes a
+    running job below its minimum: running jobs keep their minimums ahead of every queued job.
     """
 
     name = "elastic"
 
-    def __init__(self, speed: SpeedFn = job_speed, min_gain: float = 0.02) -> None:
+    def __init__(
+        self,
+        speed: SpeedFn = job_speed,
+        min_gain: float = 0.02,
+        thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+        starvation_s: float = DEFAULT_STARVATION_S,
+        preemptive: bool = True,
+    ) -> None:
+        self.preemptive = preemptive
         self.speed = speed
         self.min_gain = min_gain
+        self.thresholds = tuple(sorted(thresholds))
+        self.starvation_s = starvation_s
+
+    def starving(self, job: Job, now_s: float) -> bool:
+        """A queued job that has waited ``starvation_s`` since it last queued."""
+        return not job.placement and now_s - job.waiting_since() >= self.starvation_s
+
+    def rank(self, state: ClusterState) -> list[Job]:
+        """Running and queued jobs, best first, after the starvation guard (module docstring)."""
+        ranked = self._running_first(rank_jobs(state.running, state.queued, self.thresholds, state.now_s))
+        _, skipped = self._minimums(ranked, state.total_gpus)
+        starving = {j.id for j in skipped if self.starving(j, state.now_s)}
+        if not starving:
+            return ranked
+        first = sorted(
+            (j for j in ranked if j.id in starving), key=lambda j: (-j.priority, j.waiting_since())
+        )
+        rest = [j for j in ranked if j.id not in starving]
+        promoted = sorted([*first, *rest], key=lambda j: -j.priority)  # stable: promoted first in each band
+        return self._running_first(promoted)
+
+    def _running_first(self, ranked: list[Job]) -> list[Job]:
+        """Non-preemptive: running jobs (in rank order) before every queued one."""
+        if not self.preemptive:
+            ranked.sort(key=lambda j: not j.placement)  # stable
+        return ranked
 
     def decide(self, state: ClusterState) -> list[Decision]:
         """See the module docstring."""
-        plan = _Plan(state.inventory(), {j.id: j for j in state.running}, self.speed)
+        ranked = self.rank(state)
+        kept, _ = self._minimums(ranked, state.total_gpus)
+        kept_ids = {j.id for j in kept}
+        rank = {j.id: i for i, j in enumerate(kept)}
+        plan = Plan(state.inventory(), {j.id: j for j in state.running}, self.speed, rank)
+        preempts: list[Decision] = []
+        for job in state.running:
+            if job.id not in kept_ids:
+                plan.drop(job.id)
+                preempts.append(Preempt(job.id, reason="preempted for better-ranked jobs' minimums"))
         waiting: list[Decision] = []
-        for job in state.queued:
-            if not plan.admit(job):
+        for job in kept:
+            if not job.placement and not plan.admit(job) and len(waiting) < MAX_WAITS:
+                waiting.append(
+                    Wait(job.id, reason=f"waiting for {job.min_workers * job.gpus_per_worker} GPUs")
+                )
+        for job in ranked:
+            if len(waiting) >= MAX_WAITS:
+                break
+            if job.id not in kept_ids and not job.placement:
                 need = job.min_workers * job.gpus_per_worker
                 waiting.append(Wait(job.id, reason=f"waiting for {need} GPUs (its minimum)"))
-                break
         plan.grow(self.min_gain)
         tidy = plan.tidy_decisions()
-        if _replays(state, plan.jobs, tidy):
-            return tidy + waiting
+        if replays(state, plan.jobs, preempts + tidy):
+            return preempts + tidy + waiting
         # Multi-GPU workers can make placement order-dependent: fall back to the planning order,
         # where each job's last step carries the reason for its net change.
         final = {d.job_id: d.reason for d in tidy}
@@ -77,149 +136,44 @@ class ElasticPolicy(Policy):
             replace(d, reason=final[d.job_id]) if last[d.job_id] == i and d.job_id in final else d
             for i, d in enumerate(plan.steps)
         ]
-        return steps + waiting
+        return preempts + steps + waiting
 
+    @staticmethod
+    def _minimums(ranked: Sequence[Job], total_gpus: int) -> tuple[list[Job], list[Job]]:
+        """``(kept, skipped)``: the jobs that get their minimum, in rank order (each if it fits in
+        what is not yet promised), and the queued jobs passed over for a lower-ranked one."""
+        budget = total_gpus
+        kept: list[Job] = []
+        passed: list[Job] = []  # queued jobs that did not fit while GPUs were left
+        skipped: list[Job] = []
+        band: int | None = None
+        protected: set[str] = set()  # jobs whose extras are already withheld
+        for job in ranked:
+            if job.priority != band:
+                if band is not None:
+                    fresh = [j for j in kept if j.id not in protected and j.priority > job.priority]
+                    budget -= protected_extras(fresh, job.priority)
+                    protected.update(j.id for j in fresh)
+                band = job.priority
+            need = job.min_workers * job.gpus_per_worker
+            if need <= budget:
+                kept.append(job)
+                budget -= need
+                skipped.extend(passed)
+                passed.clear()
+                if budget <= 0:
+                    break
+            elif not job.placement and budget > 0:
+                passed.append(job)
+        return kept, skipped
 
-class _Plan:
-    """Scratch inventory plus the decisions taken so far (both step by step and coalesced)."""
-
-    def __init__(self, inv: Inventory, running: dict[str, Job], speed: SpeedFn) -> None:
-        self.inv = inv
-        self.jobs = dict(running)
-        self.initial = {i: j.workers for i, j in running.items()}
-        self.workers = dict(self.initial)
-        self.started: dict[str, int] = {}  # job id -> workers at admission
-        self.shrunk_for: dict[str, list[str]] = {}  # victim -> the jobs it was shrunk for
-        self.higher_prio: set[str] = set()  # victims shrunk for a higher-priority job
-        self.steps: list[Decision] = []  # valid in this order by construction
-        self.speed = speed
-        self._speeds: dict[tuple[str, int], float] = {}
-
-    def s(self, job: Job, w: int) -> float:
-        key = (job.id, w)
-        if key not in self._speeds:
-            self._speeds[key] = self.speed(job, w)
-        return self._speeds[key]
-
-    def loss(self, job: Job, w: int) -> float:
-        """Fraction of its speed ``job`` loses per GPU when shrunk from ``w`` to ``w - 1``."""
-        now = self.s(job, w)
-        return (now - self.s(job, w - 1)) / now / job.gpus_per_worker if now > 0 else 0.0
-
-    def best_step(self, job: Job, w: int, room: int) -> tuple[int, float]:
-        """The growth of ``k`` <= ``room`` workers from ``w`` with the largest average gain per GPU,
-        ``(speed(w + k) - speed(w)) / speed(w) / (k * gpus_per_worker)``, as ``(k, gain)``. Looking
-        past one worker gets over dips in the curve (e.g. the first worker on a second node)."""
-        now = self.s(job, w)
-        best = (0, 0.0)
-        if now <= 0:
-            return best
-        for k in range(1, min(room, job.max_workers - w) + 1):
-            g = (self.s(job, w + k) - now) / now / (k * job.gpus_per_worker)
-            if g > best[1] + 1e-12:
-                best = (k, g)
-        return best
-
-    def admit(self, job: Job) -> bool:
-        """Start ``job`` at its minimum, shrinking others if needed; False if it cannot be admitted."""
-        need, gpw = job.min_workers, job.gpus_per_worker
-        if self.inv.capacity(gpw) < need:
-            victims = [
-                v
-                for v in self.jobs.values()
-                if v.priority <= job.priority and self.workers[v.id] > v.min_workers
-            ]
-            spare = sum((self.workers[v.id] - v.min_workers) * v.gpus_per_worker for v in victims)
-            if spare + sum(self.inv.free.values()) < need * gpw:
-                return False
-            trial, workers = self.inv.copy(), dict(self.workers)
-            heap = [(v.priority, self.loss(v, workers[v.id]), v.id) for v in victims]
-            heapq.heapify(heap)
-            taken: list[str] = []
-            while heap and trial.capacity(gpw) < need:
-                _, _, vid = heapq.heappop(heap)
-                victim = self.jobs[vid]
-                trial.remove(vid, victim.gpus_per_worker, 1)
-                workers[vid] -= 1
-                taken.append(vid)
-                if workers[vid] > victim.min_workers:
-                    heapq.heappush(heap, (victim.priority, self.loss(victim, workers[vid]), vid))
-            if trial.capacity(gpw) < need:
-                return False
-            self.inv.free, self.inv.placements, self.workers = trial.free, trial.placements, workers
-            for vid in dict.fromkeys(taken):
-                victim = self.jobs[vid]
-                self.shrunk_for.setdefault(vid, []).append(job.id)
-                if victim.priority < job.priority:
-                    self.higher_prio.add(vid)
-                self.steps.append(Shrink(vid, workers[vid], reason=f"shrunk for cluster {job.id}"))
-        self.inv.add(job.id, gpw, need)
-        self.jobs[job.id] = job
-        self.workers[job.id] = self.started[job.id] = need
-        self.steps.append(Start(job.id, need, reason=f"started at its minimum {need} worker(s)"))
-        return True
-
-    def grow(self, min_gain: float) -> None:
-        """Hand idle GPUs out by (priority, best average gain per GPU), one growth step at a time."""
-        if not any(self.inv.free.values()):
-            return
-        heap: list[tuple[int, float, str, int]] = []
-        for job in self.jobs.values():
-            self._push(heap, job, min_gain)
-        while heap and any(self.inv.free.values()):
-            _, _, jid, k = heapq.heappop(heap)
-            job = self.jobs[jid]
-            if self.inv.capacity(job.gpus_per_worker) < k:  # room shrank since: re-evaluate
-                self._push(heap, job, min_gain)
-                continue
-            self.inv.add(jid, job.gpus_per_worker, k)
-            w = self.workers[jid] = self.workers[jid] + k
-            self.steps.append(Grow(jid, w, reason="grown into idle GPUs"))
-            self._push(heap, job, min_gain)
-
-    def _push(self, heap: list[tuple[int, float, str, int]], job: Job, min_gain: float) -> None:
-        w = self.workers[job.id]
-        if w < job.max_workers:
-            k, g = self.best_step(job, w, self.inv.capacity(job.gpus_per_worker))
-            if k > 0 and g >= min_gain:
-                heapq.heappush(heap, (-job.priority, -g, job.id, k))
-
-    def tidy_decisions(self) -> list[Decision]:
-        """One decision per job: shrinks, then starts at their final size, then grows."""
-        out: list[Decision] = []
-        for vid, whom in self.shrunk_for.items():
-            w, job = self.workers[vid], self.jobs[vid]
-            if w >= self.initial[vid]:
-                continue  # shrunk, then grown back
-            names = ", ".join(dict.fromkeys(whom))
-            if w == job.min_workers and vid in self.higher_prio:
-                out.append(PreemptToMin(vid, reason=f"shrunk to its minimum for cluster {names}"))
-            else:
-                out.append(Shrink(vid, w, reason=f"shrunk for cluster {names}"))
-        for jid, first in self.started.items():
-            w, gpw = self.workers[jid], self.jobs[jid].gpus_per_worker
-            extra = f", grown into {(w - first) * gpw} idle GPUs" if w > first else ""
-            out.append(Start(jid, w, reason=f"started at its minimum {first} worker(s){extra}"))
-        for jid, before in self.initial.items():
-            w, gpw = self.workers[jid], self.jobs[jid].gpus_per_worker
-            if w > before and jid not in self.shrunk_for:
-                out.append(Grow(jid, w, reason=f"grown into {(w - before) * gpw} idle GPUs"))
-            elif w > before:
-                out.append(Grow(jid, w, reason=f"grown back into {(w - before) * gpw} idle GPUs"))
-        return out
-
-
-def _replays(state: ClusterState, jobs: dict[str, Job], decisions: list[Decision]) -> bool:
-    """Whether ``decisions`` fit in this order (placement with multi-GPU workers is order-dependent)."""
-    inv = state.inventory()
-    try:
-        for d in decisions:
-            job = jobs[d.job_id]
-            have, want = inv.workers(d.job_id), getattr(d, "workers", job.min_workers)
-            if want > have:
-                inv.add(d.job_id, job.gpus_per_worker, want - have)
-            elif want < have:
-                inv.remove(d.job_id, job.gpus_per_worker, have - want)
-    except InvalidDecision:
-        return False
-    return True
+    def next_wakeup_s(self, state: ClusterState) -> float | None:
+        """The next threshold crossing or starvation promotion (only matters while jobs queue)."""
+        if not state.queued:
+            return None
+        now = state.now_s
+        times = [next_crossing_s(self.thresholds, state.running, now)]
+        since = earliest_waiting_since(j for j in state.queued if j.min_workers * j.gpus_per_worker > 1)
+        times.append(since + self.starvation_s if since is not None else None)
+        future = [t for t in times if t is not None and t > now]
+        return min(future, default=None)

@@ -74,6 +74,37 @@ class Inventory:
         self.placements[job_id] = placement
         return placement
 
+    def nodes_after_add(self, job_id: str, gpus_per_worker: int, count: int) -> int:
+        """Nodes ``job_id`` would span after :meth:`add` of ``count`` workers (same placement rule,
+        nothing changes); 0 if they do not fit. What a policy feeds the throughput model."""
+        current = self.placements.get(job_id, ())
+        used = {node for node, _ in current}
+        if count <= 0:
+            return len(used)
+        if self.capacity(gpus_per_worker) < count:
+            return 0
+        left = count
+        for node in sorted(self.free, key=lambda nd: (nd not in used, -self.free[nd], nd)):
+            fit = min(self.free[node] // gpus_per_worker, left)
+            if fit > 0:
+                used.add(node)
+                left -= fit
+                if left == 0:
+                    break
+        return len(used)
+
+    def nodes_after_remove(self, job_id: str, count: int) -> int:
+        """Nodes ``job_id`` would span after :meth:`remove` of ``count`` workers (nothing changes)."""
+        current = dict(self.placements.get(job_id, ()))
+        left = count
+        for node in sorted(current, key=lambda nd: (current[nd], _neg_key(nd))):
+            if left <= 0:
+                break
+            take = min(current[node], left)
+            current[node] -= take
+            left -= take
+        return sum(1 for v in current.values() if v > 0)
+
     def remove(self, job_id: str, gpus_per_worker: int, count: int) -> Placement:
         """Release ``count`` workers of ``job_id`` from the nodes where it has the fewest (ties: the
         last node id), keeping the rest together. Raises :class:`InvalidDecision` if it has fewer."""

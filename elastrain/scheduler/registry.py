@@ -2,24 +2,47 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 from elastrain.errors import ConfigError
 from elastrain.scheduler.api import Policy
 from elastrain.scheduler.elastic import ElasticPolicy
-from elastrain.scheduler.static import StaticPolicy
+from elastrain.scheduler.ranking import GPU_HOUR
+from elastrain.scheduler.static import StaticBackfillPolicy, StaticPolicy
 from elastrain.scheduler.tiresias import TiresiasPolicy
 
+
+class PolicyName(str, enum.Enum):
+    """The policies by name (``elastrain simulate --compare``, ``elastrain server --scheduler``)."""
+
+    STATIC = "static"
+    STATIC_BACKFILL = "static-backfill"
+    ELASTIC = "elastic"
+    TIRESIAS = "tiresias"
+
+
 POLICIES: dict[str, Callable[[], Policy]] = {
-    "static": StaticPolicy,
-    "elastic": ElasticPolicy,
-    "tiresias": TiresiasPolicy,
+    PolicyName.STATIC.value: StaticPolicy,
+    PolicyName.STATIC_BACKFILL.value: StaticBackfillPolicy,
+    PolicyName.ELASTIC.value: ElasticPolicy,
+    PolicyName.TIRESIAS.value: TiresiasPolicy,
 }
 
 
-def make_policy(name: str) -> Policy:
-    """A fresh policy by name; unknown names are a :class:`ConfigError` listing the known ones."""
+def make_policy(
+    name: str | PolicyName, tiresias_threshold_gpu_h: float | None = None, *, preemptive: bool = True
+) -> Policy:
+    """A fresh policy by name; unknown names are a :class:`ConfigError` listing the known ones.
+    ``tiresias_threshold_gpu_h`` overrides Tiresias's queue threshold (default 16 GPU-hours);
+    ``preemptive=False`` gives an ``elastic`` that never takes a running job below its minimum
+    (for a caller that cannot suspend jobs, like today's control plane)."""
+    key = name.value if isinstance(name, PolicyName) else name
+    if key == PolicyName.TIRESIAS.value and tiresias_threshold_gpu_h is not None:
+        return TiresiasPolicy(thresholds=(tiresias_threshold_gpu_h * GPU_HOUR,))
+    if key == PolicyName.ELASTIC.value and not preemptive:
+        return ElasticPolicy(preemptive=False)
     try:
-        return POLICIES[name]()
+        return POLICIES[key]()
     except KeyError:
-        raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
+        raise ConfigError(f"unknown policy {key!r}; choose from {', '.join(POLICIES)}") from None

@@ -8,8 +8,10 @@ The model is the Pollux (OSDI'21) step-time form, fitted per model to the measur
                  = a_n + b_n * max(K - 2, 0)  across nodes
     T_step(K, m) = (T_compute^g + T_sync^g)^(1/g)        g in [1, 10]
 
-(the two sync lines are Pollux's ``goodput.py``; the measurements were taken on 4-GPU nodes, so the
-curve uses the one-node line up to ``NODE_GPUS`` = 4 GPUs and the cross-node line above). With a
+(the two sync lines are Pollux's ``goodput.py``). **Placement-aware**: which sync line applies is
+decided by the number of nodes the job actually spans (its placement), never by an assumed node
+size; the simulator's progress and the policies' speed estimates both call :func:`job_speed` with
+the placement's node count, so the policy plans with exactly the speed the job will run at. With a
 fixed per-GPU batch ``m_ref`` (the median measured local batch of that model), K GPUs process
 ``K * m_ref / T_step(K, m_ref)`` samples/s; :func:`speedup` is that divided by the 1-GPU rate. The
 statistical efficiency of the larger global batch is not modelled (Pollux's "goodput" would lower
@@ -42,17 +44,14 @@ if TYPE_CHECKING:
 
 PARAMS_MODULE = Path(__file__).with_name("fitted_params.py")
 PARAM_NAMES = ("a_c", "b_c", "a_r", "b_r", "a_n", "b_n", "g", "m_ref")
-NODE_GPUS = 4
 
 
-def step_time(params: dict[str, float], k: int, m: float, nodes: int | None = None) -> float:
-    """Seconds per step on ``k`` GPUs (over ``nodes`` nodes; default: packed on 4-GPU nodes) at
-    per-GPU batch ``m`` under the fitted Pollux form."""
+def step_time(params: dict[str, float], k: int, m: float, nodes: int) -> float:
+    """Seconds per step on ``k`` GPUs spread over ``nodes`` nodes at per-GPU batch ``m`` under the
+    fitted Pollux form."""
     t_compute = params["a_c"] + params["b_c"] * m
     if k <= 1:
         return t_compute
-    if nodes is None:
-        nodes = -(-k // NODE_GPUS)
     a, b = (params["a_r"], params["b_r"]) if nodes <= 1 else (params["a_n"], params["b_n"])
     t_sync = a + b * max(k - 2, 0)
     g = params["g"]
@@ -67,8 +66,8 @@ def model_names() -> tuple[str, ...]:
 
 
 @cache
-def speedup(model: str, k: int) -> float:
-    """Samples/s on ``k`` GPUs divided by samples/s on 1 GPU (0.0 for k <= 0).
+def speedup(model: str, k: int, nodes: int = 1) -> float:
+    """Samples/s on ``k`` GPUs over ``nodes`` nodes divided by samples/s on 1 GPU (0.0 for k <= 0).
 
     An unknown or empty model name uses the mean of the fitted models' curves.
     """
@@ -76,31 +75,33 @@ def speedup(model: str, k: int) -> float:
         return 0.0
     from elastrain.scheduler.fitted_params import PARAMS
 
+    nodes = max(1, min(nodes, k))
     if model not in PARAMS:
-        return sum(speedup(name, k) for name in PARAMS) / len(PARAMS)
+        return sum(speedup(name, k, nodes) for name in PARAMS) / len(PARAMS)
     p = PARAMS[model]
     m = p["m_ref"]
-    return (k * m / step_time(p, k, m)) / (m / step_time(p, 1, m))
+    return (k * m / step_time(p, k, m, nodes)) / (m / step_time(p, 1, m, 1))
 
 
-def job_speed(job: Job, workers: int) -> float:
-    """Throughput of ``job`` with ``workers`` workers, in the job's own units.
+def job_speed(job: Job, workers: int, nodes: int = 1) -> float:
+    """Throughput of ``job`` with ``workers`` workers spread over ``nodes`` nodes, in the job's units.
 
-    Measured samples/s (``job.throughput``) when that world size was measured; else the model curve
-    (GPUs = workers x gpus_per_worker) scaled to the nearest measured world size, or, with no
-    measurement, in units of one GPU's throughput.
+    Measured samples/s (``job.throughput``, reported by the control plane's single-node jobs) when
+    that world size was measured; else the model curve (GPUs = workers x gpus_per_worker) scaled to
+    the nearest measured world size, or, with no measurement, in units of one GPU's throughput.
+    This one function drives both the policies' estimates and the simulator's progress.
     """
     if workers <= 0:
         return 0.0
     gpus = workers * job.gpus_per_worker
     if not job.throughput:
-        return speedup(job.model, gpus)
+        return speedup(job.model, gpus, nodes)
     measured = dict(job.throughput)
     if workers in measured:
         return measured[workers]
     ref = min(measured, key=lambda w: (abs(w - workers), w))
-    base = speedup(job.model, ref * job.gpus_per_worker)
-    return measured[ref] * speedup(job.model, gpus) / base if base > 0 else 0.0
+    base = speedup(job.model, ref * job.gpus_per_worker, 1)
+    return measured[ref] * speedup(job.model, gpus, nodes) / base if base > 0 else 0.0
 
 
 # ---------------------------------------------------------------- fitting (offline, rerunnable)
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     fitted = refit(Path(args[0]))
     for name, p in fitted.items():
-        curve = " ".join(f"{k}:{speedup(name, k):.2f}" for k in (1, 2, 4, 8, 16, 32, 64))
+        curve = " ".join(f"{k}:{speedup(name, k, -(-k // 8)):.2f}" for k in (1, 2, 4, 8, 16, 32, 64))
         print(f"{name:12s} g={p['g']:.2f} log-rmse={p['log_rmse']:.3f} speedup {curve}")
     return 0
 

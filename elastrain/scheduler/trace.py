@@ -1,7 +1,9 @@
 """Job traces for the simulator: read and validate a CSV, or repeat one to make it longer.
 
-A trace is any CSV with at least the columns ``job_id,submit_time_s,num_gpus,duration_s`` (others
-are ignored). A malformed file is refused with a one-line :class:`ConfigError` naming the line.
+A trace is any CSV with at least the columns ``job_id,submit_time_s,num_gpus,duration_s``; the
+optional ``min_gpus``/``max_gpus`` give a job's elastic bounds (its ``--min-np/--max-np``; empty or
+absent: the simulator's default, see :func:`elastrain.scheduler.simulator.to_job`). Other columns
+are ignored. A malformed file is refused with a one-line :class:`ConfigError` naming the line.
 """
 
 from __future__ import annotations
@@ -14,17 +16,21 @@ from pathlib import Path
 from elastrain.errors import ConfigError
 
 REQUIRED = ("job_id", "submit_time_s", "num_gpus", "duration_s")
+OPTIONAL = ("min_gpus", "max_gpus")
 
 
 @dataclass(frozen=True, slots=True)
 class TraceJob:
-    """One trace row: ``duration_s`` is how long the job ran with ``num_gpus`` GPUs."""
+    """One trace row: ``duration_s`` is how long the job ran with ``num_gpus`` GPUs; ``min_gpus`` /
+    ``max_gpus`` are its elastic bounds when the trace gives them (0: not given)."""
 
     job_id: str
     submit_s: float
     num_gpus: int
     duration_s: float
     line: int = 0
+    min_gpus: int = 0
+    max_gpus: int = 0
 
 
 def read_trace(path: str | Path) -> list[TraceJob]:
@@ -81,7 +87,18 @@ def _parse_row(path: Path, line: int, row: dict[str, str | None]) -> TraceJob:
     gpus = nums["num_gpus"]
     if gpus < 1 or gpus != int(gpus):
         raise ConfigError(f"{where}: num_gpus {values['num_gpus']!r} must be a whole number >= 1")
-    return TraceJob(values["job_id"], nums["submit_time_s"], int(gpus), nums["duration_s"], line)
+    bounds: list[int] = []
+    for col in OPTIONAL:
+        raw = (row.get(col) or "").strip()
+        try:
+            bound = int(raw) if raw else 0
+        except ValueError:
+            raise ConfigError(f"{where}: {col} {raw!r} must be a whole number") from None
+        bounds.append(bound)
+    low, high = bounds
+    if low < 0 or high < 0 or (low and low > gpus) or (high and high < max(gpus, low)):
+        raise ConfigError(f"{where}: need min_gpus <= num_gpus <= max_gpus (got {low}, {int(gpus)}, {high})")
+    return TraceJob(values["job_id"], nums["submit_time_s"], int(gpus), nums["duration_s"], line, low, high)
 
 
 def repeat_trace(jobs: list[TraceJob], times: int, period_s: float | None = None) -> list[TraceJob]:

@@ -22,12 +22,13 @@ from elastrain.scheduler.api import (
     check_consistency,
 )
 from elastrain.scheduler.elastic import ElasticPolicy
-from elastrain.scheduler.registry import POLICIES, make_policy
+from elastrain.scheduler.ranking import rank_jobs
+from elastrain.scheduler.registry import POLICIES, PolicyName, make_policy
 from elastrain.scheduler.static import StaticPolicy
 from elastrain.scheduler.tiresias import TiresiasPolicy
 
 
-def linear(job: Job, w: int) -> float:
+def linear(job: Job, w: int, nodes: int = 1) -> float:
     """Perfect scaling."""
     return float(w)
 
@@ -142,7 +143,7 @@ def test_elastic_starts_at_minimum_then_grows_into_idle_gpus() -> None:
 
 
 def test_elastic_gives_idle_gpus_to_the_best_marginal_gain() -> None:
-    def speed(job: Job, w: int) -> float:
+    def speed(job: Job, w: int, nodes: int = 1) -> float:
         return float(w) if job.id == "scales" else min(w, 1) * 1.0  # "flat" gains nothing past 1
 
     jobs = [Job("flat", 1, 8, arrival_s=0), Job("scales", 1, 8, arrival_s=1)]
@@ -246,7 +247,7 @@ def test_tiresias_candidate_order_is_priority_then_queue_then_arrival() -> None:
         Job("p0-b", arrival_s=3),
     ]
     state = cluster(1).with_arrivals(queued)
-    assert [j.id for j in pol._candidates(state.queued)] == [
+    assert [j.id for j in rank_jobs((), state.queued, pol.thresholds, 0.0)] == [
         "p1-new",
         "p1-old-served",
         "p0-a",
@@ -273,7 +274,12 @@ def test_tiresias_respects_priority_over_attained_service() -> None:
 
 
 def test_registry() -> None:
-    assert set(POLICIES) == {"static", "elastic", "tiresias"}
+    assert (
+        set(POLICIES) == {p.value for p in PolicyName} == {"static", "static-backfill", "elastic", "tiresias"}
+    )
+    assert make_policy(PolicyName.STATIC_BACKFILL).name == "static-backfill"
+    assert make_policy("tiresias", 2.0).thresholds == (7200.0,)  # type: ignore[attr-defined]
+    assert TiresiasPolicy().thresholds == (16 * 3600.0,)  # the Pollux artifact's 16 GPU-hours
     assert make_policy("elastic").name == "elastic"
     with pytest.raises(ElastrainError, match="unknown policy"):
         make_policy("nope")
@@ -296,4 +302,4 @@ def test_tiresias_candidate_order_with_three_queues() -> None:
         Job("q0", arrival_s=2),
     ]
     state = cluster(1).with_arrivals(queued)
-    assert [j.id for j in pol._candidates(state.queued)] == ["q0", "q1", "q2"]
+    assert [j.id for j in rank_jobs((), state.queued, pol.thresholds, 0.0)] == ["q0", "q1", "q2"]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from elastrain.scheduler.api import (
     ClusterState,
+    DecisionKind,
     Finish,
     Grow,
     InvalidDecision,
@@ -27,7 +28,7 @@ from elastrain.scheduler.api import (
     check_consistency,
 )
 from elastrain.scheduler.elastic import ElasticPolicy
-from elastrain.scheduler.static import StaticPolicy
+from elastrain.scheduler.static import StaticBackfillPolicy, StaticPolicy
 from elastrain.scheduler.throughput import model_names
 from elastrain.scheduler.tiresias import TiresiasPolicy
 
@@ -99,7 +100,14 @@ def test_any_decision_sequence_keeps_the_inventory_consistent(data, base, js) ->
         state = new
 
 
-POLICIES = (StaticPolicy, lambda: ElasticPolicy(min_gain=0.0), ElasticPolicy, TiresiasPolicy)
+POLICIES = (
+    StaticPolicy,
+    StaticBackfillPolicy,
+    lambda: ElasticPolicy(min_gain=0.0),
+    ElasticPolicy,
+    lambda: ElasticPolicy(preemptive=False),
+    TiresiasPolicy,
+)
 
 
 @SETTINGS
@@ -121,6 +129,8 @@ def test_policies_emit_only_valid_decisions_in_a_closed_loop(data, base, js) -> 
         state = state.with_time(state.now_s + 60.0, aged)
         before = {j.id: j.workers for j in state.running}
         out = policy.decide(state)
+        if isinstance(policy, ElasticPolicy) and not policy.preemptive:
+            assert all(d.kind is not DecisionKind.PREEMPT for d in out)
         state = apply(state, out)  # raises if the policy produced an invalid decision
         check_consistency(state)
         assert gpus_accounted(state)

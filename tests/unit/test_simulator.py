@@ -10,10 +10,11 @@ import pytest
 from elastrain.cli.main import main
 from elastrain.errors import ConfigError
 from elastrain.scheduler import throughput
-from elastrain.scheduler.api import Job
-from elastrain.scheduler.metrics import format_table, percentile, summarize
+from elastrain.scheduler.api import Job, Policy
+from elastrain.scheduler.metrics import METRIC_KEYS, format_table, percentile, summarize
 from elastrain.scheduler.registry import make_policy
 from elastrain.scheduler.simulator import SimConfig, model_for, simulate, to_job
+from elastrain.scheduler.tiresias import TiresiasPolicy
 from elastrain.scheduler.trace import TraceJob, read_trace, repeat_trace
 
 HEADER = "job_id,submit_time_s,num_gpus,duration_s,vc\n"
@@ -25,8 +26,9 @@ def write(tmp_path: Path, body: str, header: str = HEADER) -> Path:
     return path
 
 
-def run(jobs: list[TraceJob], policy: str, gpus: int, **kw) -> dict:
-    res = simulate(jobs, make_policy(policy), SimConfig(gpus=gpus, **kw))
+def run(jobs: list[TraceJob], policy: str | Policy, gpus: int, **kw) -> dict:
+    pol = make_policy(policy) if isinstance(policy, str) else policy
+    res = simulate(jobs, pol, SimConfig(gpus=gpus, **kw))
     return {"res": res, **summarize(res)}
 
 
@@ -42,6 +44,11 @@ def test_static_tiny_trace_is_hand_computable() -> None:
     assert out["avg_queue_s"] == pytest.approx((0 + 90 + 80) / 3)
     assert out["makespan_s"] == pytest.approx(150)
     assert out["gpu_utilization"] == pytest.approx(280 / 300)
+    assert out["useful_utilization"] == pytest.approx(280 / 300)  # a static gang on one node: all useful
+    assert out["total_wait_s"] == pytest.approx(170) and out["avg_wait_s"] == pytest.approx(170 / 3)
+    assert out["p50_jct_s"] == pytest.approx(110)
+    # b (50 s) ends at 150 after submitting at 10: JCT 140; c (30 s) ends at 130 from 20: JCT 110
+    assert out["avg_slowdown"] == pytest.approx((100 / 100 + 140 / 50 + 110 / 30) / 3)
     assert out["jobs"] == 3
     assert out["p99_jct_s"] == pytest.approx(percentile([100, 110, 140], 99))
     assert res.series_gpus[0] == 2 and max(res.series_queue) == 2
@@ -58,8 +65,8 @@ def test_elastic_grows_a_lone_job_and_finishes_it_sooner() -> None:
     job = TraceJob("solo", 0, 1, 1000.0)
     model = model_for("solo")
     res = run([job], "elastic", 8, restart_cost_s=0.0)["res"]
-    # min 1, max 2 (twice its trace size): 1000 s of work at speedup(2)/speedup(1)
-    assert res.jct_s == pytest.approx([1000.0 / throughput.speedup(model, 2)])
+    # min 1, max 8 (one node by default): 1000 s of work at speedup(8 GPUs, 1 node)/speedup(1)
+    assert res.jct_s == pytest.approx([1000.0 / throughput.speedup(model, 8, 1)])
     assert res.resizes == 0  # started at its final size in one decision
 
 
@@ -73,15 +80,15 @@ def test_elastic_shrinks_to_admit_and_loses_no_work() -> None:
 
 def test_tiresias_preempts_and_resumes() -> None:
     jobs = [TraceJob("long", 0, 2, 20000.0), TraceJob("short", 5000, 1, 100.0)]
-    res = run(jobs, "tiresias", 2, restart_cost_s=0.0)["res"]
+    res = run(jobs, TiresiasPolicy(thresholds=(3600.0,)), 2, restart_cost_s=0.0)["res"]
     assert res.preemptions == 1
-    # long has 10,000 GPU-s (queue 1) when short arrives: short preempts it at once and runs 100 s
+    # long has 10,000 GPU-s (queue 1 above 3,600) when short arrives: short preempts it and runs 100 s
     assert sorted(res.jct_s)[0] == pytest.approx(100.0)
     assert max(res.jct_s) == pytest.approx(20100.0)
 
 
 def test_all_policies_agree_on_total_work_under_no_contention() -> None:
-    for name in ("static", "elastic", "tiresias"):
+    for name in ("static", "static-backfill", "elastic", "tiresias"):
         out = run(TINY, name, 64)
         assert out["jobs"] == 3
 
@@ -92,15 +99,29 @@ def test_job_larger_than_the_cluster_is_refused() -> None:
 
 
 def test_to_job_bounds() -> None:
+    # no bounds in the trace: min 1 GPU (data parallel), max = the larger of its size and one node
     j = to_job(TraceJob("x", 0, 8, 10), 64)
-    assert (j.min_workers, j.requested, j.max_workers) == (4, 8, 16)
+    assert (j.min_workers, j.requested, j.max_workers) == (1, 8, 8)
     j = to_job(TraceJob("y", 0, 1, 10), 64)
-    assert (j.min_workers, j.requested, j.max_workers) == (1, 1, 2)
-    assert to_job(TraceJob("z", 0, 16, 10), 20).max_workers == 20
+    assert (j.min_workers, j.requested, j.max_workers) == (1, 1, 8)
+    assert to_job(TraceJob("y", 0, 1, 10), 64, gpus_per_node=4).max_workers == 4
+    assert to_job(TraceJob("y", 0, 1, 10), 64, max_gpus_default=32).max_workers == 32
+    assert to_job(TraceJob("z", 0, 16, 10), 20).max_workers == 16
+    assert to_job(TraceJob("s", 0, 2, 10), 4).max_workers == 4  # capped by the cluster
+    # the trace's own bounds win
+    j = to_job(TraceJob("b", 0, 4, 10, min_gpus=2, max_gpus=12), 64)
+    assert (j.min_workers, j.requested, j.max_workers) == (2, 4, 12)
     assert model_for("philly-00001") == model_for("philly-00001") in throughput.model_names()
 
 
 # ------------------------------------------------------------------ traces
+
+
+def test_read_trace_reads_optional_bounds(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "a,0,2,10,1,8\nb,1,1,5,,\n", "job_id,submit_time_s,num_gpus,duration_s,min_gpus,max_gpus\n"
+    )
+    assert [(j.min_gpus, j.max_gpus) for j in read_trace(path)] == [(1, 8), (0, 0)]
 
 
 def test_read_trace_sorts_and_ignores_extra_columns(tmp_path: Path) -> None:
@@ -125,6 +146,8 @@ def test_read_trace_sorts_and_ignores_extra_columns(tmp_path: Path) -> None:
         (HEADER, "a,0,1,10,x\nb,1,1\n", r"line 3: empty duration_s"),
         (HEADER, "a,0,1,10,x\na,1,1,1,x\n", r"line 3: duplicate job_id 'a'"),
         (HEADER, "", r"no jobs"),
+        ("job_id,submit_time_s,num_gpus,duration_s,min_gpus\n", "a,0,2,10,3\n", r"line 2: need min_gpus"),
+        ("job_id,submit_time_s,num_gpus,duration_s,max_gpus\n", "a,0,2,10,x\n", r"line 2: max_gpus 'x'"),
     ],
 )
 def test_malformed_traces_name_the_line(tmp_path: Path, header: str, body: str, message: str) -> None:
@@ -160,23 +183,25 @@ def test_cli_compare_writes_json_and_plot(tmp_path: Path, capsys: pytest.Capture
     body = "".join(f"j{i},{i * 30},{1 + i % 3},{200 + 13 * i},x\n" for i in range(40))
     trace = write(tmp_path, body)
     out_json, out_png = tmp_path / "m.json", tmp_path / "p.png"
-    argv = ["simulate", "--trace", str(trace), "--gpus", "4", "--compare", "static,elastic,tiresias"]
+    argv = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--gpus",
+        "4",
+        "--compare",
+        "static,static-backfill,elastic,tiresias",
+    ]
     rc = main([*argv, "--json", str(out_json), "--plot", str(out_png)])
     cap = capsys.readouterr()
     assert rc == 0
     data = json.loads(out_json.read_text())
-    assert list(data) == ["static", "elastic", "tiresias"]
+    assert list(data) == ["static", "static-backfill", "elastic", "tiresias"]
     for metrics in data.values():
-        assert set(metrics) == {
-            "avg_jct_s",
-            "p99_jct_s",
-            "avg_queue_s",
-            "makespan_s",
-            "gpu_utilization",
-            "jobs",
-        }
+        assert set(metrics) == set(METRIC_KEYS)
+        assert {"avg_jct_s", "p99_jct_s", "makespan_s", "gpu_utilization"} <= set(metrics)
         assert metrics["jobs"] == 40 and 0 < metrics["gpu_utilization"] <= 1
-    assert "avg JCT ratio: elastic/static" in cap.out and "tiresias" in cap.out
+    assert "avg JCT ratio: static/tiresias" in cap.out and "elastic/tiresias" in cap.out
     assert "100.0%" in cap.err  # progress bar
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
