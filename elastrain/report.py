@@ -13,6 +13,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from elastrain.contracts.ledger import RecordKind
+from elastrain.rendezvous.journal import EventKind
+
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     records = []
@@ -38,13 +41,14 @@ def load_ledgers(ledger_dir: Path) -> dict[str, list[dict[str, Any]]]:
 
 def build_report(ledger_dir: Path, num_samples: int) -> dict[str, Any]:
     """The report of the job (one or more runs, e.g. killed and resumed) whose ledger is in `ledger_dir`."""
-    events = [e for e in _read_jsonl(ledger_dir / "events.jsonl") if e.get("event") == "generation"]
+    events = [e for e in _read_jsonl(ledger_dir / "events.jsonl") if e.get("event") == EventKind.GENERATION]
     ledgers = load_ledgers(ledger_dir)
     order = [(e.get("run", ""), e["generation"]) for e in events]
     start_of = {(e.get("run", ""), e["generation"]): int(e["start_step"]) for e in events}
     for records in ledgers.values():
         for r in records:
-            if r["k"] == "g":  # written after the state sync: the step the generation really started from
+            # written after the state sync: the step the generation really started from
+            if r["k"] == RecordKind.GENERATION:
                 start_of[(r.get("run", ""), r["g"])] = int(r["s"])
     # a step is in the lineage when no later generation started from a step at or below it
     next_start: dict[tuple[str, int], int] = {}
@@ -62,7 +66,7 @@ def build_report(ledger_dir: Path, num_samples: int) -> dict[str, Any]:
     lost: Counter[tuple[str, int]] = Counter()
     for records in ledgers.values():
         for r in records:
-            if r["k"] == "c":
+            if r["k"] == RecordKind.COMMITTED:
                 key = (r.get("run", ""), r["g"])
                 commit_times[key].append(r["t"])
                 if in_lineage(key, r["s"]):
@@ -77,9 +81,9 @@ def build_report(ledger_dir: Path, num_samples: int) -> dict[str, Any]:
     for worker, records in ledgers.items():
         for r in records:
             run = r.get("run", "")
-            if r["k"] == "g":
+            if r["k"] == RecordKind.GENERATION:
                 pids[(run, r.get("w", worker))].add(int(r["pid"]))
-            elif r["k"] == "p":
+            elif r["k"] == RecordKind.PROCESSED:
                 if (run, r["g"], r["s"]) in committed:
                     epoch_counts[r["e"]].update(r["i"])
                     per_gen_worker[(run, r["g"])][worker] += len(r["i"])

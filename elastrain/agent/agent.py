@@ -18,8 +18,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO
 
+from elastrain.contracts.env import WorkerEnv
 from elastrain.errors import CoordinatorLost
 from elastrain.procutil import Spawner, die_with_parent, resolve_python
+from elastrain.rendezvous.messages import PROTOCOL_VERSION, Kind, Role, SpawnPush
 from elastrain.rendezvous.reconnect import ReconnectingClient
 from elastrain.rendezvous.wire import Message
 
@@ -40,7 +42,7 @@ class AgentConfig:
     restart_mode: bool = False
     max_restarts: int = 3
     coordinator_timeout_s: float = field(
-        default_factory=lambda: float(os.environ.get("ELASTRAIN_COORDINATOR_TIMEOUT", "30"))
+        default_factory=lambda: float(os.environ.get(WorkerEnv.COORDINATOR_TIMEOUT, "30"))
     )
 
 
@@ -62,7 +64,12 @@ class Agent:
         self.client = ReconnectingClient(
             config.coordinator,
             config.token,
-            lambda: {"role": "agent", "host": config.host, "pid": os.getpid()},
+            lambda: {
+                "role": Role.AGENT.value,
+                "host": config.host,
+                "pid": os.getpid(),
+                "protocol": PROTOCOL_VERSION,
+            },
             self._on_push,
             config.coordinator_timeout_s,
             on_give_up=self._give_up,
@@ -76,13 +83,13 @@ class Agent:
     def _on_push(self, msg: Message) -> None:
         self._ready.wait()
         kind = msg.get("type")
-        if kind == "spawn":
-            for spec in msg.get("workers", []):
-                self._spawn(str(spec["worker_id"]), int(spec["local_rank"]))
-        elif kind == "stop":
+        if kind == Kind.SPAWN:
+            for spec in SpawnPush.from_wire(msg).workers:
+                self._spawn(spec.worker_id, spec.local_rank)
+        elif kind == Kind.STOP:
             for wid in msg.get("worker_ids", []):
                 self._signal(wid, signal.SIGTERM)
-        elif kind == "exit":
+        elif kind == Kind.EXIT:
             self._job_success = bool(msg.get("success", True))
             self._exit_requested.set()
 
@@ -91,7 +98,7 @@ class Agent:
             self._spawn_restart_slot(worker_id, local_rank)
             return
         proc = self._start_process(worker_id, local_rank, {})
-        self.client.notify("worker_started", worker_id=worker_id, pid=proc.pid)
+        self.client.notify(Kind.WORKER_STARTED, worker_id=worker_id, pid=proc.pid)
         threading.Thread(target=self._watch, args=(worker_id, proc), daemon=True).start()
 
     def _spawn_restart_slot(self, worker_id: str, local_rank: int) -> None:
@@ -121,17 +128,17 @@ class Agent:
         env.update(self.config.env)
         env.update(
             {
-                "ELASTRAIN_COORDINATOR": self.config.coordinator,
-                "ELASTRAIN_JOB_TOKEN": self.config.token,
-                "ELASTRAIN_WORKER_ID": worker_id,
-                "ELASTRAIN_HOST": self.config.host,
-                "ELASTRAIN_LOCAL_RANK": str(local_rank),
+                WorkerEnv.COORDINATOR: self.config.coordinator,
+                WorkerEnv.JOB_TOKEN: self.config.token,
+                WorkerEnv.WORKER_ID: worker_id,
+                WorkerEnv.HOST: self.config.host,
+                WorkerEnv.LOCAL_RANK: str(local_rank),
                 "LOCAL_RANK": str(local_rank),
                 "PYTHONUNBUFFERED": "1",
             }
         )
         if self.config.restart_mode:
-            env.pop("ELASTRAIN_COORDINATOR")  # the script is not an elastrain worker; its slot is
+            env.pop(WorkerEnv.COORDINATOR)  # the script is not an elastrain worker; its slot is
         env.update(extra_env)
         proc: subprocess.Popen[bytes] = self._spawner.call(  # type: ignore[assignment]
             lambda: subprocess.Popen(
@@ -179,7 +186,7 @@ class Agent:
         code = proc.wait()
         time.sleep(0.05) if proc.stdout is not None else None  # let the pump print the last lines
         tail = "\n".join(self.tails.get(worker_id, ()))
-        self.client.notify("worker_exited", worker_id=worker_id, returncode=code, tail=tail)
+        self.client.notify(Kind.WORKER_EXITED, worker_id=worker_id, returncode=code, tail=tail)
         with self._lock:
             self.procs.pop(worker_id, None)
 
@@ -225,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="elastrain agent", description=main.__doc__)
     parser.add_argument("--coordinator", required=True, help="HOST:PORT printed by `elastrain run`")
     parser.add_argument("--host", required=True, help="this host's name as the hostfile lists it")
-    parser.add_argument("--token", default=os.environ.get("ELASTRAIN_JOB_TOKEN", ""), help="job token")
+    parser.add_argument("--token", default=os.environ.get(WorkerEnv.JOB_TOKEN, ""), help="job token")
     parser.add_argument(
         "--restart-mode",
         action="store_true",

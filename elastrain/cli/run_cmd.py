@@ -17,6 +17,7 @@ from pathlib import Path
 
 from elastrain.agent.noded import SECRET_ENV
 from elastrain.cli.run_argv import size_from_nnodes, torchrun_flags, training_command
+from elastrain.contracts.env import WorkerEnv
 from elastrain.errors import ElastrainError
 
 
@@ -142,14 +143,14 @@ def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
     if args.checkpoint_dir is not None:
         if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
             raise ElastrainError(f"--checkpoint-dir {args.checkpoint_dir} is a file; give a directory")
-        env["ELASTRAIN_CHECKPOINT_DIR"] = str(args.checkpoint_dir.absolute())  # keep container links
-        env["ELASTRAIN_CHECKPOINT_EVERY"] = str(args.checkpoint_every or 100)
-        env["ELASTRAIN_CHECKPOINT_KEEP"] = str(args.checkpoint_keep)
+        env[WorkerEnv.CHECKPOINT_DIR] = str(args.checkpoint_dir.absolute())  # keep container links
+        env[WorkerEnv.CHECKPOINT_EVERY] = str(args.checkpoint_every or 100)
+        env[WorkerEnv.CHECKPOINT_KEEP] = str(args.checkpoint_keep)
         if args.checkpoint_interval:
-            env["ELASTRAIN_CHECKPOINT_INTERVAL"] = str(args.checkpoint_interval)
+            env[WorkerEnv.CHECKPOINT_INTERVAL] = str(args.checkpoint_interval)
     resume = resolve_resume(args.resume, args.checkpoint_dir)
     if resume is not None:
-        env["ELASTRAIN_RESUME_FROM"] = str(resume.resolve())
+        env[WorkerEnv.RESUME_FROM] = str(resume.resolve())
         print(f"elastrain: will resume from {resume}", file=sys.stderr)
     return env
 

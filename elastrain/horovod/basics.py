@@ -23,7 +23,7 @@ from elastrain.horovod.errors import HorovodInternalError
 
 if TYPE_CHECKING:
     from elastrain.rendezvous.api import Generation, Member
-    from elastrain.runtime.loop import Runtime
+    from elastrain.runtime.connection import Runtime
 
 _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
@@ -61,7 +61,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         raise HorovodInternalError(
             "hvd.init() after hvd.shutdown(): this worker already left its elastrain job and cannot rejoin"
         )
-    from elastrain.runtime.loop import init as runtime_init
+    from elastrain.runtime.connection import init as runtime_init
 
     rt = runtime_init()
     _SESSION.runtime = rt

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from elastrain.errors import PeerFailure
 from elastrain.horovod import basics
 from elastrain.horovod.compression import Compression, Compressor
 from elastrain.horovod.errors import HorovodInternalError
@@ -96,7 +97,7 @@ def guard(what: str) -> Iterator[None]:
         yield
     except HorovodInternalError:
         raise
-    except RuntimeError as exc:
+    except (RuntimeError, PeerFailure) as exc:  # PeerFailure: one of elastrain's own collectives
         raise HorovodInternalError(
             f"{what} failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"
         ) from exc

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
+from elastrain.contracts.env import WorkerEnv
 from elastrain.horovod.runner_flags import BY_NAME, FLAGS
 
 HOROVOD_VERSION = "0.28.1+elastrain"
@@ -142,7 +143,7 @@ def translate(args: argparse.Namespace, command: list[str]) -> tuple[list[str], 
     if args.nics:
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = args.nics
     if args.gloo_timeout is not None:
-        env["ELASTRAIN_COLLECTIVE_TIMEOUT"] = str(args.gloo_timeout)
+        env[WorkerEnv.COLLECTIVE_TIMEOUT] = str(args.gloo_timeout)
     return [*out, "--", *command], env
 
 

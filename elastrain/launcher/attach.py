@@ -21,9 +21,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastrain.contracts.env import ReportEnv, WorkerEnv
 from elastrain.httpunix import urlopen
 
-ROOT_ENV = "ELASTRAIN_CONTAINER_ROOT"
+ROOT_ENV = WorkerEnv.CONTAINER_ROOT
 ATTACH_URL_ENV = "ELASTRAIN_ATTACH_URL"
 ATTACH_TOKEN_ENV = "ELASTRAIN_ATTACH_TOKEN"
 
@@ -58,7 +59,7 @@ def attach(command: list[str], environ: dict[str, str] | None = None) -> Attache
     """
     env = os.environ if environ is None else environ
     url, token = env.get(ATTACH_URL_ENV, ""), env.get(ATTACH_TOKEN_ENV, "")
-    if not url or not token or env.get("ELASTRAIN_JOB_ID"):
+    if not url or not token or env.get(WorkerEnv.JOB_ID):
         return None  # not in a control-plane shell, or already a submitted job
     request = urllib.request.Request(
         f"{url.rstrip('/')}/api/v1/jobs/attach",
@@ -73,11 +74,7 @@ def attach(command: list[str], environ: dict[str, str] | None = None) -> Attache
         print(f"elastrain: not reporting to the control plane ({exc}); training goes on", file=sys.stderr)
         return None
     print(f"elastrain: this run is job {body['id']} of the control plane", file=sys.stderr)
-    job_env = {
-        "ELASTRAIN_JOB_ID": str(body["id"]),
-        "ELASTRAIN_REPORT_URL": body["report_url"],
-        "ELASTRAIN_REPORT_TOKEN": body["report_token"],
-    }
+    job_env = ReportEnv(url=body["report_url"], job_id=str(body["id"]), token=body["report_token"]).to_env()
     return AttachedJob(int(body["id"]), job_env, Path(body["log_path"]), Path(body["exit_path"]))
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastrain.agent.restart import FAILED_AFTER
+from elastrain.contracts.env import WorkerEnv
 from elastrain.errors import ConfigError
 from elastrain.launcher.agents import AgentStarter, LocalAgentStarter
 from elastrain.launcher.hosts import HostSource
@@ -103,7 +104,7 @@ class Launcher:
         self.config = config
         self.starter = starter or LocalAgentStarter()
         # a replacement launcher (--rejoin) must present the token the running agents and workers know
-        self.token = os.environ.get("ELASTRAIN_JOB_TOKEN") or secrets.token_hex(16)
+        self.token = os.environ.get(WorkerEnv.JOB_TOKEN) or secrets.token_hex(16)
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{self.token[:6]}"
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
@@ -127,13 +128,13 @@ class Launcher:
     def _start_agent(self, host: str) -> None:
         env = dict(os.environ)
         env.update(self.config.env)
-        env["ELASTRAIN_JOB_TOKEN"] = self.token
-        env["ELASTRAIN_RUN_ID"] = self.coordinator.config.run_id if self.coordinator else self.run_id
-        env.setdefault("ELASTRAIN_COORDINATOR_TIMEOUT", str(self.config.heartbeat_timeout_s))
+        env[WorkerEnv.JOB_TOKEN] = self.token
+        env[WorkerEnv.RUN_ID] = self.coordinator.config.run_id if self.coordinator else self.run_id
+        env.setdefault(WorkerEnv.COORDINATOR_TIMEOUT, str(self.config.heartbeat_timeout_s))
         # a collective stuck on a hung peer gives up within the same bound the coordinator uses
-        env.setdefault("ELASTRAIN_COLLECTIVE_TIMEOUT", str(self.config.heartbeat_timeout_s))
+        env.setdefault(WorkerEnv.COLLECTIVE_TIMEOUT, str(self.config.heartbeat_timeout_s))
         if self.config.ledger_dir is not None:
-            env["ELASTRAIN_LEDGER_DIR"] = str(self.config.ledger_dir)
+            env[WorkerEnv.LEDGER_DIR] = str(self.config.ledger_dir)
         proc = self.starter.start(host, self._agent_args(host), env)
         if proc is not None:
             self.agents[host] = proc

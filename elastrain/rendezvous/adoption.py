@@ -10,14 +10,14 @@ back are presumed dead, and a new generation is announced without them.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from elastrain.rendezvous.api import Cause, Generation
+from elastrain.rendezvous.messages import Rejoin
 
 
-def newest_generation(reports: list[dict[str, Any]]) -> Generation | None:
+def newest_generation(reports: list[Rejoin]) -> Generation | None:
     """The newest generation among the workers' `rejoin` reports."""
-    generations = [Generation.from_wire(r["generation"]) for r in reports if r.get("generation")]
+    generations = [r.generation for r in reports]
     return max(generations, key=lambda g: g.number) if generations else None
 
 

@@ -92,8 +92,11 @@ class Generation:
         )
 
 
-class JoinOutcome(enum.Enum):
-    """What a join request ended in."""
+class JoinOutcome(str, enum.Enum):
+    """What a join request ended in (the ``outcome`` of a join's reply on the wire)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
 
     ADMITTED = "admitted"
     LEAVE = "leave"  # this worker is not in the next generation: exit 0

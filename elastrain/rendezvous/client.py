@@ -8,6 +8,7 @@ import threading
 
 from elastrain.errors import RendezvousError
 from elastrain.rendezvous.api import Generation, JoinOutcome, JoinResult, Rendezvous
+from elastrain.rendezvous.messages import PROTOCOL_VERSION, Kind, Rejoin, Role
 from elastrain.rendezvous.reconnect import ReconnectingClient
 from elastrain.rendezvous.wire import Message
 
@@ -40,12 +41,13 @@ class CoordinatorRendezvous(Rendezvous):
         self.current: Generation | None = None  # the generation this worker trains in (set by the runtime)
         self.committed_step = -1
         self._identity: Message = {
-            "role": "worker",
+            "role": Role.WORKER.value,
             "worker_id": worker_id,
             "host": host,
             "local_rank": local_rank,
             "pid": os.getpid(),
             "run_id": run_id,
+            "protocol": PROTOCOL_VERSION,
         }
         self._rpc = ReconnectingClient(
             address, token, self._hello, self._on_push, coordinator_timeout_s, on_give_up=self._give_up
@@ -57,7 +59,7 @@ class CoordinatorRendezvous(Rendezvous):
     def _hello(self) -> Message:
         hello = dict(self._identity)
         if self.current is not None:
-            hello["rejoin"] = {"generation": self.current.to_wire(), "committed_step": self.committed_step}
+            hello["rejoin"] = Rejoin(self.current, self.committed_step).to_wire()
         return hello
 
     def _give_up(self) -> None:
@@ -71,14 +73,14 @@ class CoordinatorRendezvous(Rendezvous):
 
     def _on_push(self, msg: Message) -> None:
         kind = msg.get("type")
-        if kind in ("pending", "fenced"):
+        if kind in (Kind.PENDING, Kind.FENCED):
             self._pending_for = max(self._pending_for, int(msg.get("generation", 1 << 62)))
-            self.fenced = self.fenced or kind == "fenced"
+            self.fenced = self.fenced or kind == Kind.FENCED
             self._pending = True
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self._heartbeat_s):
-            self._rpc.notify("heartbeat")
+            self._rpc.notify(Kind.HEARTBEAT)
 
     def pending(self) -> bool:
         """True once the coordinator has announced the next generation (a plain attribute read)."""
@@ -87,8 +89,8 @@ class CoordinatorRendezvous(Rendezvous):
     def join(self, committed_step: int, **extra: int) -> JoinResult:
         """Ask for the next generation and wait for it (`extra`: e.g. a free port, the child's pid)."""
         self._pending = self.coordinator_gone
-        reply = self._rpc.request("join", committed_step=committed_step, **extra)
-        outcome = JoinOutcome(reply.get("outcome", "job_over"))
+        reply = self._rpc.request(Kind.JOIN, committed_step=committed_step, **extra)
+        outcome = JoinOutcome(reply.get("outcome", JoinOutcome.JOB_OVER))
         if outcome != JoinOutcome.ADMITTED:
             return JoinResult(outcome, reason=str(reply.get("reason", "")))
         generation = Generation.from_wire(reply["generation"])
@@ -102,20 +104,20 @@ class CoordinatorRendezvous(Rendezvous):
 
     def report_first_step(self, generation: int, at: float) -> None:
         """Rank 0 completed the first step of `generation` (the coordinator's recovery time)."""
-        self._rpc.notify("progress", generation=generation, at=at)
+        self._rpc.notify(Kind.PROGRESS, generation=generation, at=at)
 
     def request_leave(self) -> None:
         """Ask to leave at the next commit (from a signal handler: never blocks)."""
-        self._rpc.notify("leave")
+        self._rpc.notify(Kind.LEAVE)
 
     def report_done(self) -> None:
         """Tell the coordinator this worker's training function returned."""
-        self._rpc.request("done", timeout=30)
+        self._rpc.request(Kind.DONE, timeout=30)
 
     def report_error(self, traceback_text: str) -> None:
         """Tell the coordinator this worker failed; the job ends."""
         try:
-            self._rpc.request("user_error", traceback=traceback_text, timeout=10)
+            self._rpc.request(Kind.USER_ERROR, traceback=traceback_text, timeout=10)
         except RendezvousError:
             print(traceback_text, file=sys.stderr)  # nobody else will show it
 

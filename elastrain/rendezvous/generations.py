@@ -1,59 +1,78 @@
 """The coordinator's decisions: after each event, what happens next to the job's generations.
 
 `GenerationMachine` holds the state of one job (hosts, workers, the current and the pending
-generation, the outcome) and, in `_reconcile`, decides under the caller's lock: start agents, spawn
-workers into free slots, adopt a running generation (a restarted coordinator), form the first
-generation, announce the next one (scale-out), form it once its members stopped, end the job.
-`coordinator.Coordinator` feeds it events; how a worker's exit is read, and what a finished rank
-changes, is described there.
+generation, the outcome) and, in `_reconcile`, decides: start agents, spawn workers into free slots,
+adopt a running generation (a restarted coordinator), form the first generation, announce the next
+one (scale-out), form it once its members stopped, end the job. It is pure: it reads the time from an
+injected `Clock` and, instead of sending or writing, appends effects (`effects.py`) for the shell to
+carry out. `machine.CoordinatorMachine` turns events into calls here; how a worker's exit is read,
+and what a finished rank changes, is described in `coordinator.py`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
+from elastrain.rendezvous import verdicts
 from elastrain.rendezvous.adoption import adopted, missing_members, newest_generation
 from elastrain.rendezvous.api import Cause, Generation, Member, WorkerState
+from elastrain.rendezvous.effects import (
+    Clock,
+    Effect,
+    Finish,
+    PeerRef,
+    RecordEvent,
+    Reply,
+    Send,
+    StartAgent,
+)
 from elastrain.rendezvous.incidents import Incident, IncidentLog
+from elastrain.rendezvous.journal import Adopted, GenerationFormed, JobEnded, JournalRecord, MemberRecord
+from elastrain.rendezvous.messages import ExitPush, JoinOutcome, JoinReply, PendingPush, SpawnPush, SpawnSpec
 from elastrain.rendezvous.records import LIVE, MEMBER, CoordinatorConfig, Outcome, WorkerRecord
 from elastrain.rendezvous.slots import SlotBook
 from elastrain.rendezvous.source import start_step, vetted_steps
-from elastrain.rendezvous.wire import Peer
 
 log = logging.getLogger("elastrain.coordinator")
 
 
 class GenerationMachine:
-    """The job's state and the decisions taken on it (callers hold the coordinator's lock)."""
+    """The job's state and the decisions taken on it; effects accumulate in `_out`."""
 
-    def __init__(
-        self, config: CoordinatorConfig, store_address: str, start_agent: Callable[[str], None]
-    ) -> None:
+    def __init__(self, config: CoordinatorConfig, store_address: str, clock: Clock) -> None:
         self.config = config
         self.store_address = store_address
-        self._start_agent = start_agent
+        self.clock = clock
+        self._out: list[Effect] = []
         self.hosts: dict[str, int] = {}
         self.slots = SlotBook(config.max_restarts)
-        self.agents: dict[str, Peer] = {}
+        self.agents: dict[str, PeerRef] = {}
         self._agents_started: set[str] = set()
         self.workers: dict[str, WorkerRecord] = {}
         self.generation: Generation | None = None
         self.pending: Cause | None = None
         self.pending_since = 0.0
         self.outcome: Outcome | None = None
-        self.finished = threading.Event()
         self.finishing = False  # a rank has finished (exit 0): the job runs to its end with what it has
         self._below_min_since: float | None = None
-        self._started_at = time.monotonic()
-        self.history: list[dict[str, Any]] = []
+        self._started_at = clock.monotonic()
+        self.history: list[dict[str, Any]] = []  # every record written to events.jsonl, in order
         self.incidents = IncidentLog()
-        self.on_incident: Callable[[dict[str, Any]], None] | None = None  # a generation's first step done
         self._fault_at: float | None = None
+
+    def _emit(self, effect: Effect) -> None:
+        self._out.append(effect)
+
+    def _take_effects(self) -> list[Effect]:
+        out, self._out = self._out, []
+        return out
+
+    def _reply_join(self, worker: WorkerRecord, outcome: JoinOutcome, reason: str = "", **kw: Any) -> None:
+        """Answer `worker`'s held join (if any), and forget it."""
+        if worker.join_request is not None and worker.peer is not None:
+            self._emit(Reply(worker.peer, worker.join_request.id, JoinReply(outcome, reason, **kw)))
+        worker.join_request = None
 
     def _mark_dead(self, worker: WorkerRecord, cause: Cause) -> None:
         was_member = worker.state in MEMBER
@@ -68,14 +87,14 @@ class GenerationMachine:
             return
         if self.pending is None:
             self.pending = cause
-            self.pending_since = time.time()
+            self.pending_since = self.clock.time()
             log.info("generation %d pending: %s", self.generation.number + 1, cause.value)
             for member in self.generation.members:
                 worker = self.workers[member.worker_id]
                 # not to STOPPED members: they already asked to join, and a late push would make them
                 # stop again right after being admitted (one needless generation per step, forever)
                 if worker.peer is not None and worker.state in (WorkerState.ACTIVE, WorkerState.LEAVING):
-                    worker.peer.push("pending", generation=self.generation.number + 1, cause=cause.value)
+                    self._emit(Send(worker.peer, PendingPush(self.generation.number + 1, cause)))
         elif self.pending == Cause.SCALE_OUT and cause != Cause.SCALE_OUT:
             self.pending = cause  # report the more important reason
 
@@ -97,7 +116,7 @@ class GenerationMachine:
         """A restarted coordinator: adopt the running generation. True while still waiting for it."""
         reports = [w.rejoin for w in self.workers.values() if w.rejoin and w.state == WorkerState.STARTING]
         generation = newest_generation(reports)
-        in_grace = time.monotonic() - self._started_at < self.config.adopt_grace_s
+        in_grace = self.clock.monotonic() - self._started_at < self.config.adopt_grace_s
         if generation is None:
             return in_grace
         present = {
@@ -105,7 +124,7 @@ class GenerationMachine:
             for w in self.workers.values()
             if w.rejoin
             and w.state == WorkerState.STARTING
-            and w.rejoin["generation"]["number"] == generation.number
+            and w.rejoin.generation.number == generation.number
         }
         missing = missing_members(generation, present)
         if missing and in_grace:
@@ -115,31 +134,24 @@ class GenerationMachine:
         for member in generation.members:
             worker = self.workers.get(member.worker_id)
             if worker is None:
-                worker = self.workers[member.worker_id] = WorkerRecord(member.worker_id, member.host, 0)
+                worker = WorkerRecord(member.worker_id, member.host, 0, last_seen=self.clock.monotonic())
+                self.workers[member.worker_id] = worker
             worker.rejoin = None
             worker.state = WorkerState.ACTIVE if member.worker_id in present else WorkerState.DEAD
-        now = time.time()
+        now = self.clock.time()
         self.incidents.add(
             Incident(
                 generation.number,
                 Cause.COORDINATOR_RESTART,
                 len(present),
-                now - (time.monotonic() - self._started_at),
+                now - (self.clock.monotonic() - self._started_at),
                 now,
                 now,
                 max(committed.values(), default=0),
                 0,
             )
         )
-        self._record(
-            {
-                "event": "adopted",
-                "generation": generation.number,
-                "present": sorted(present),
-                "missing": missing,
-                "at": time.time(),
-            }
-        )
+        self._record(Adopted(generation.number, sorted(present), missing, self.clock.time()))
         log.warning(
             "adopted generation %d (%d workers back, %d missing)",
             generation.number,
@@ -160,10 +172,11 @@ class GenerationMachine:
         for host in self.hosts:
             if host not in self._agents_started and not self.finishing:  # finishing: nothing to run there
                 self._agents_started.add(host)
-                self._start_agent(host)
+                self._emit(StartAgent(host))
         for host in [h for h in self.agents if h not in self.hosts]:
             if not any(w.host == host and w.state in LIVE for w in self.workers.values()):
-                self.agents.pop(host).push("exit", success=True)  # its host left and its workers are gone
+                # its host left and its workers are gone
+                self._emit(Send(self.agents.pop(host), ExitPush(success=True)))
                 self._agents_started.discard(host)
 
     def _live(self) -> list[WorkerRecord]:
@@ -174,7 +187,7 @@ class GenerationMachine:
         return (
             self.config.adopt
             and self.generation is None
-            and time.monotonic() - self._started_at < self.config.adopt_grace_s
+            and self.clock.monotonic() - self._started_at < self.config.adopt_grace_s
         )
 
     def _spawn_into_free_slots(self) -> None:
@@ -197,12 +210,13 @@ class GenerationMachine:
                 if w.host == host and (w.state in LIVE or w.state == WorkerState.DONE)
             ]
             new_ids = []
+            now = self.clock.monotonic()
             for wid, local_rank in self.slots.free_slots(host, self.hosts.get(host, 0), used, budget):
-                self.workers[wid] = WorkerRecord(wid, host, local_rank)
-                new_ids.append({"worker_id": wid, "local_rank": local_rank})
+                self.workers[wid] = WorkerRecord(wid, host, local_rank, last_seen=now, since=now)
+                new_ids.append(SpawnSpec(wid, local_rank))
                 budget -= 1
             if new_ids:
-                agent.push("spawn", workers=new_ids)
+                self._emit(Send(agent, SpawnPush(tuple(new_ids))))
 
     def _waiting(self) -> list[WorkerRecord]:
         ready = [w for w in self.workers.values() if w.state == WorkerState.WAITING and w.join_request]
@@ -213,18 +227,20 @@ class GenerationMachine:
 
     def _maybe_form_first(self) -> None:
         if self.finishing and len(self._waiting()) + len(self._starting()) < self.config.min_np:
-            self._fail("", self._cannot_start_message())
+            done = [w for w in self.workers.values() if w.state == WorkerState.DONE]
+            live = len(self._waiting()) + len(self._starting())
+            self._fail("", verdicts.cannot_start(done, live, self.config.min_np))
             return
         waiting = self._waiting()
         enough = len(waiting) >= min(self.config.initial_np, self.config.max_np)
         # more may come: workers starting, or agents started that have not connected yet (their workers)
         expected = self._starting() or any(h not in self.agents for h in self._agents_started)
         settled = len(waiting) >= self.config.min_np and (
-            not expected or time.monotonic() - waiting[0].since > self.config.join_grace_s
+            not expected or self.clock.monotonic() - waiting[0].since > self.config.join_grace_s
         )
         if enough or settled:
             self._form(Cause.START, [], waiting[: self.config.max_np])
-        elif time.monotonic() - self._started_at > self.config.start_timeout_s:
+        elif self.clock.monotonic() - self._started_at > self.config.start_timeout_s:
             self._fail(
                 "",
                 f"only {len(waiting)} of the {self.config.min_np} workers needed were ready after "
@@ -238,7 +254,7 @@ class GenerationMachine:
         waiting = self._waiting()
         if not waiting or self.generation.world_size >= self.config.max_np:
             return
-        oldest_wait = time.monotonic() - waiting[0].since
+        oldest_wait = self.clock.monotonic() - waiting[0].since
         if not self._starting() or oldest_wait > self.config.join_grace_s:
             self._request_generation(Cause.SCALE_OUT)
 
@@ -256,9 +272,9 @@ class GenerationMachine:
         joiners = [] if self.finishing else self._waiting()[: max(0, self.config.max_np - len(stay))]
         if len(stay) + len(joiners) < self.config.min_np:
             if self.finishing:  # no worker can come: waiting for --elastic-timeout would change nothing
-                self._fail("", self._cannot_restart_message(members))
+                self._fail("", verdicts.cannot_restart(members, self.pending, self.config.min_np))
                 return
-            now = time.monotonic()
+            now = self.clock.monotonic()
             self._below_min_since = self._below_min_since or now
             if now - self._below_min_since > self.config.elastic_timeout_s:
                 self._fail(
@@ -270,8 +286,7 @@ class GenerationMachine:
         self._below_min_since = None
         for w in members:
             if w.state == WorkerState.LEAVING and w.peer is not None and w.join_request is not None:
-                w.peer.reply(w.join_request, outcome="leave", reason="scale-in")
-                w.join_request = None
+                self._reply_join(w, JoinOutcome.LEAVE, "scale-in")
                 w.state = WorkerState.LEFT
         self._form(self.pending, stay, joiners)
 
@@ -298,15 +313,12 @@ class GenerationMachine:
             src_rank=src,
             sync_state=sync,
         )
-        requested = self.pending_since if self.pending is not None else time.time()
+        requested = self.pending_since if self.pending is not None else self.clock.time()
         self.generation = generation
         self.pending = None
-        wire = generation.to_wire()
         for w in chosen:
             w.state = WorkerState.ACTIVE
-            if w.peer is not None and w.join_request is not None:
-                w.peer.reply(w.join_request, outcome="admitted", generation=wire)
-            w.join_request = None
+            self._reply_join(w, JoinOutcome.ADMITTED, generation=generation)
         previous_max = max(steps[: len(stay)], default=best)
         self.incidents.add(
             Incident(
@@ -315,23 +327,23 @@ class GenerationMachine:
                 len(chosen),
                 self._fault_at or requested,
                 requested,
-                time.time(),
+                self.clock.time(),
                 best,
                 max(0, previous_max - best),
             )
         )
         self._fault_at = None
-        record = {
-            "event": "generation",
-            "generation": number,
-            "cause": cause.value,
-            "world_size": len(chosen),
-            "members": [{"worker_id": w.worker_id, "host": w.host, "pid": w.pid} for w in chosen],
-            "start_step": best,
-            "requested_at": requested,
-            "formed_at": time.time(),
-        }
-        self._record(record)
+        self._record(
+            GenerationFormed(
+                number,
+                cause.value,
+                len(chosen),
+                [MemberRecord(w.worker_id, w.host, w.pid) for w in chosen],
+                best,
+                requested,
+                self.clock.time(),
+            )
+        )
         log.info("generation %d formed: %d workers (%s)", number, len(chosen), cause.value)
 
     # ----- finished ranks -----------------------------------------------------------------------
@@ -346,39 +358,11 @@ class GenerationMachine:
             if all(w.state in (WorkerState.DONE, WorkerState.DEAD, WorkerState.LEFT) for w in members):
                 self._finish(Outcome(True, "training finished"))
 
-    def _cannot_start_message(self) -> str:
-        done = [w for w in self.workers.values() if w.state == WorkerState.DONE]
-        live = len(self._waiting()) + len(self._starting())
-        left = f", leaving {live} of the --min-np {self.config.min_np} workers needed" if live else ""
-        never = [w.worker_id for w in done if not w.joined]
-        if never:
-            who = f"worker {never[0]}" if len(never) == 1 else f"workers {', '.join(never[:3])}"
-            return (
-                f"{who} exited 0 without joining the job (the command does not use elastrain) and "
-                f"{'is' if len(never) == 1 else 'are'} not replaced{left}: run a torchrun-style script "
-                "with --mode restart"
-            )
-        return (
-            f"worker {done[0].worker_id} finished (exit 0) before the job started and is not replaced{left}"
-        )
-
-    def _cannot_restart_message(self, members: list[WorkerRecord]) -> str:
-        done = [str(rank) for rank, w in enumerate(members) if w.state == WorkerState.DONE]
-        who = (f"rank {done[0]}" if len(done) == 1 else f"ranks {', '.join(done)}") if done else "a worker"
-        cause = self.pending.value.replace("_", " ") if self.pending is not None else "change"
-        return (
-            f"{who} had finished (exit 0) when a {cause} needed the other ranks restarted, and fewer "
-            f"than --min-np {self.config.min_np} would be left: a job whose ranks have begun to finish "
-            "cannot restart (see the output above)"
-        )
-
     # ----- ending -------------------------------------------------------------------------------
-    def _record(self, record: dict[str, Any]) -> None:
-        record["run"] = self.config.run_id
-        self.history.append(record)
-        if self.config.events_path is not None:
-            with open(self.config.events_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+    def _record(self, record: JournalRecord) -> None:
+        data = record.to_dict(self.config.run_id)
+        self.history.append(data)
+        self._emit(RecordEvent(data))
 
     def _fail(self, worker_id: str, message: str, detail: str = "") -> None:
         if self.outcome is None:
@@ -386,13 +370,10 @@ class GenerationMachine:
 
     def _finish(self, outcome: Outcome) -> None:
         self.outcome = outcome
-        self._record(
-            {"event": "end", "success": outcome.success, "message": outcome.message, "at": time.time()}
-        )
+        self._record(JobEnded(outcome.success, outcome.message, self.clock.time()))
         for worker in self.workers.values():
             if worker.join_request is not None and worker.peer is not None:
-                worker.peer.reply(worker.join_request, outcome="job_over", reason=outcome.message)
-                worker.join_request = None
+                self._reply_join(worker, JoinOutcome.JOB_OVER, outcome.message)
         for agent in self.agents.values():
-            agent.push("exit", success=outcome.success)
-        self.finished.set()
+            self._emit(Send(agent, ExitPush(success=outcome.success)))
+        self._emit(Finish(outcome))

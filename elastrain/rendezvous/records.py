@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from collections.abc import Hashable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from elastrain.rendezvous.api import WorkerState
-from elastrain.rendezvous.wire import Message, Peer
+from elastrain.rendezvous.messages import Join, Rejoin
 
 LIVE = (
     WorkerState.STARTING,
@@ -64,22 +64,22 @@ class CoordinatorConfig:
 
 @dataclass
 class WorkerRecord:
-    """What the coordinator knows about one worker."""
+    """What the coordinator knows about one worker (`peer`: its connection's opaque handle)."""
 
     worker_id: str
     host: str
     local_rank: int
     state: WorkerState = WorkerState.STARTING
     pid: int = 0
-    peer: Peer | None = None
-    join_request: Message | None = None
+    peer: Hashable | None = None
+    join_request: Join | None = None  # a join held until the next generation forms
     committed_step: int = -1
     port: int = 0
     address: str = ""
-    rejoin: dict[str, Any] | None = None
+    rejoin: Rejoin | None = None
     joined: bool = False  # it has asked to join at least once (a worker that never does: not elastrain)
-    last_seen: float = field(default_factory=time.monotonic)
-    since: float = field(default_factory=time.monotonic)
+    last_seen: float = 0.0  # monotonic time of its last sign of life
+    since: float = 0.0  # monotonic time it began waiting to join
 
 
 @dataclass

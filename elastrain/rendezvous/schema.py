@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elastrain.rendezvous.api import Cause
+from elastrain.rendezvous.messages import Kind, Role
 
 Check = Callable[[Any], bool]
 
@@ -85,23 +86,29 @@ def _rejoin(v: Any) -> bool:
 
 # kind -> (required fields, optional fields); the hello's own fields depend on its role (below)
 _KINDS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
-    "heartbeat": ({}, {}),
-    "progress": ({}, {"generation": _int(-1), "at": _number}),
-    "worker_started": ({"worker_id": _NAME}, {"pid": _PID}),
-    "worker_exited": (
+    Kind.HEARTBEAT: ({}, {}),
+    Kind.PROGRESS: ({}, {"generation": _int(-1), "at": _number}),
+    Kind.WORKER_STARTED: ({"worker_id": _NAME}, {"pid": _PID}),
+    Kind.WORKER_EXITED: (
         {"worker_id": _NAME},
         {"returncode": _int(-(1 << 31), (1 << 31) - 1), "tail": _str(0, _MAX_TEXT)},
     ),
-    "join": ({}, {"committed_step": _STEP, "port": _PORT, "pid": _PID}),
-    "leave": ({}, {}),
-    "done": ({}, {}),
-    "user_error": ({}, {"traceback": _str(0, _MAX_TEXT)}),
+    Kind.JOIN: ({}, {"committed_step": _STEP, "port": _PORT, "pid": _PID}),
+    Kind.LEAVE: ({}, {}),
+    Kind.DONE: ({}, {}),
+    Kind.USER_ERROR: ({}, {"traceback": _str(0, _MAX_TEXT)}),
 }
 _HELLO: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
-    "agent": ({"token": _str(0, 4096), "host": _NAME}, {"pid": _PID}),
-    "worker": (
+    Role.AGENT: ({"token": _str(0, 4096), "host": _NAME}, {"pid": _PID, "protocol": _int(0, 1 << 16)}),
+    Role.WORKER: (
         {"token": _str(0, 4096), "worker_id": _NAME, "host": _NAME},
-        {"local_rank": _int(0, 1 << 20), "pid": _PID, "run_id": _str(), "rejoin": _rejoin},
+        {
+            "local_rank": _int(0, 1 << 20),
+            "pid": _PID,
+            "run_id": _str(),
+            "rejoin": _rejoin,
+            "protocol": _int(0, 1 << 16),
+        },
     ),
 }
 
@@ -127,7 +134,7 @@ def validate(msg: Any) -> str | None:
         return "bad field 'type'"
     if "id" in msg and not _int()(msg["id"]):
         return "bad field 'id'"
-    if kind == "hello":
+    if kind == Kind.HELLO:
         role = msg.get("role")
         if role not in _HELLO:
             return (

@@ -30,10 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 from elastrain.errors import CoordinatorLost
+from elastrain.rendezvous.messages import Kind, Message
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, Any]
 _HEADER = struct.Struct(">I")
 _MAX_FRAME = 64 * 1024 * 1024  # what a client accepts from the coordinator (it trusts its server)
 _CHUNK = 1024 * 1024
@@ -155,7 +155,7 @@ class RpcClient:
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_loop, name="elastrain-rpc", daemon=True)
         self._reader.start()
-        reply = self.request("hello", token=token, **hello)
+        reply = self.request(Kind.HELLO, token=token, **hello)
         if not reply.get("ok"):
             self.close()
             raise CoordinatorLost(f"coordinator at {address} refused us: {reply.get('error', 'no reason')}")
@@ -304,7 +304,7 @@ class RpcServer:
             return "no hello"
         token = hello.get("token")
         if (
-            hello.get("type") != "hello"
+            hello.get("type") != Kind.HELLO
             or not isinstance(token, str)
             or not hmac.compare_digest(token.encode(), self._token)
         ):
@@ -334,7 +334,7 @@ class RpcServer:
                 msg = peer.conn.recv(self.max_frame_bytes)
                 if msg is None:
                     break
-                if msg.get("type") == "hello":
+                if msg.get("type") == Kind.HELLO:
                     peer.reply(msg, ok=False, error="already greeted")
                     break
                 reason = self._validate(msg) if self._validate is not None else None

@@ -1,10 +1,12 @@
-"""The worker's launch context: the only reader of the ``ELASTRAIN_*`` environment variables."""
+"""The worker's launch context: the runtime's reader of `elastrain.contracts.env`'s ``ELASTRAIN_*``."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from elastrain.contracts.env import WorkerEnv, WorkerIdentity
 
 
 @dataclass(frozen=True)
@@ -38,27 +40,28 @@ class LaunchContext:
     def from_env(cls, environ: dict[str, str] | None = None) -> LaunchContext:
         """Read the context from the environment the agent set."""
         env = dict(os.environ if environ is None else environ)
-        ledger = env.get("ELASTRAIN_LEDGER_DIR", "")
-        ckpt = env.get("ELASTRAIN_CHECKPOINT_DIR", "")
-        every = env.get("ELASTRAIN_CHECKPOINT_EVERY", "")
-        interval = env.get("ELASTRAIN_CHECKPOINT_INTERVAL", "")
-        resume = env.get("ELASTRAIN_RESUME_FROM", "")
+        ledger = env.get(WorkerEnv.LEDGER_DIR, "")
+        ckpt = env.get(WorkerEnv.CHECKPOINT_DIR, "")
+        every = env.get(WorkerEnv.CHECKPOINT_EVERY, "")
+        interval = env.get(WorkerEnv.CHECKPOINT_INTERVAL, "")
+        resume = env.get(WorkerEnv.RESUME_FROM, "")
+        who = WorkerIdentity.from_env(env)
         return cls(
-            coordinator=env.get("ELASTRAIN_COORDINATOR", ""),
-            token=env.get("ELASTRAIN_JOB_TOKEN", ""),
-            worker_id=env.get("ELASTRAIN_WORKER_ID", "standalone"),
-            host=env.get("ELASTRAIN_HOST", "127.0.0.1"),
-            local_rank=int(env.get("ELASTRAIN_LOCAL_RANK", env.get("LOCAL_RANK", "0"))),
+            coordinator=who.coordinator,
+            token=who.token,
+            worker_id=who.worker_id,
+            host=who.host,
+            local_rank=who.local_rank,
             ledger_dir=Path(ledger) if ledger else None,
-            run_id=env.get("ELASTRAIN_RUN_ID", ""),
-            backend=env.get("ELASTRAIN_BACKEND", ""),
-            collective_timeout_s=float(env.get("ELASTRAIN_COLLECTIVE_TIMEOUT", "60")),
-            bucket_bytes=int(env.get("ELASTRAIN_BUCKET_BYTES", str(2 * 1024 * 1024))),
-            heartbeat_s=float(env.get("ELASTRAIN_HEARTBEAT_INTERVAL", "1")),
-            coordinator_timeout_s=float(env.get("ELASTRAIN_COORDINATOR_TIMEOUT", "30")),
+            run_id=env.get(WorkerEnv.RUN_ID, ""),
+            backend=env.get(WorkerEnv.BACKEND, ""),
+            collective_timeout_s=float(env.get(WorkerEnv.COLLECTIVE_TIMEOUT, "60")),
+            bucket_bytes=int(env.get(WorkerEnv.BUCKET_BYTES, str(2 * 1024 * 1024))),
+            heartbeat_s=float(env.get(WorkerEnv.HEARTBEAT_INTERVAL, "1")),
+            coordinator_timeout_s=float(env.get(WorkerEnv.COORDINATOR_TIMEOUT, "30")),
             checkpoint_dir=Path(ckpt) if ckpt else None,
             checkpoint_every_steps=int(every) if every else None,
             checkpoint_every_seconds=float(interval) if interval else None,
-            checkpoint_keep=int(env.get("ELASTRAIN_CHECKPOINT_KEEP", "3")),
+            checkpoint_keep=int(env.get(WorkerEnv.CHECKPOINT_KEEP, "3")),
             resume_from=Path(resume) if resume else None,
         )

@@ -15,7 +15,7 @@ guess of the loss reduction is one exact rescale) and a sampler step is in fligh
 (accumulation that started in an armed step) is not lost: it stays in ``p.grad`` and, since the
 slots tell every rank, all ranks run one more reduction of the deltas. Early buckets leave before
 the ledger's "processed" record is written; no rank can finish the step before the tail bucket, which
-leaves after it, so the exactly-once accounting is unchanged.
+leaves after it, so the exactly-once accounting is unchanged. A failed all-reduce raises `PeerFailure`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from elastrain.runtime.collective import peer_failures
 
 BUCKET_BYTES = 2 * 1024 * 1024  # the default; small enough that the first buckets leave early in backward
 _SLOTS = 4  # count, pending flag, "a gradient arrived twice", "a gradient arrived after its bucket left"
@@ -177,7 +179,8 @@ class GradientSync:
 
     @staticmethod
     def _launch(bucket: _Bucket, target: torch.Tensor) -> None:
-        bucket.work = dist.all_reduce(target, async_op=True)
+        with peer_failures("the gradient all-reduce"):
+            bucket.work = dist.all_reduce(target, async_op=True)
         bucket.launched = True
 
     # ----- the reduction -------------------------------------------------------------------------
@@ -214,9 +217,10 @@ class GradientSync:
                     bucket.buffer[-_SLOTS:] = torch.tensor(mine, dtype=bucket.buffer.dtype)
                 if collective:
                     self._launch(bucket, bucket.buffer if tail else bucket.buffer[: bucket.numel])
-            for bucket in buckets:
-                if bucket.work is not None:
-                    bucket.work.wait()
+            with peer_failures("the gradient all-reduce"):
+                for bucket in buckets:
+                    if bucket.work is not None:
+                        bucket.work.wait()
             slots = buckets[-1].buffer[-_SLOTS:].tolist()
             total, agreed, twice, late = float(slots[0]), slots[1] > 0, slots[2] > 0, slots[3] > 0
             if late:
@@ -247,7 +251,8 @@ class GradientSync:
                 if p.grad is not None:  # every other gradient of these buckets was moved into the buffer
                     delta[offset : offset + p.numel()].add_(p.grad.reshape(-1), alpha=scale)
                 offset += p.numel()
-            dist.all_reduce(delta)
+            with peer_failures("the gradient all-reduce (late gradients)"):
+                dist.all_reduce(delta)
             bucket.buffer[: bucket.numel].add_(delta)
 
     def abandon(self, keep_layout: bool = True) -> None:

@@ -18,21 +18,9 @@ import torch.distributed as dist
 
 from elastrain.rendezvous.api import Generation
 from elastrain.rendezvous.wire import parse_address
+from elastrain.runtime.collective import peer_failures
 
 log = logging.getLogger("elastrain.group")
-
-_FAILURE_MARKERS = (
-    "connection closed",
-    "connection reset",
-    "broken pipe",
-    "timed out",
-    "timeout",
-    "gloo",
-    "nccl",
-    "socket",
-    "peer",
-    "process group",
-)
 
 
 def store_prefix(token: str, generation: int) -> str:
@@ -91,17 +79,27 @@ class GroupManager:
         return torch.device("cpu")
 
     def build(self, generation: Generation, rank: int) -> None:
-        """Create the default group for `generation` (a fresh store prefix per generation, `store_prefix`)."""
+        """Create the default group for `generation` (a fresh store prefix per generation, `store_prefix`).
+
+        A failure to reach the store or the peers raises `PeerFailure` (the loop rejoins).
+        """
         self.destroy()
-        if self._store is None or self._store_address != generation.store_address:
-            host, port = parse_address(generation.store_address)
-            self._store = dist.TCPStore(host, port, is_master=False, timeout=self.timeout, use_libuv=True)
-            self._store_address = generation.store_address
-        store = dist.PrefixStore(store_prefix(self._token, generation.number), self._store)
         try:
-            dist.init_process_group(
-                self.backend, store=store, rank=rank, world_size=generation.world_size, timeout=self.timeout
-            )
+            with peer_failures(f"building the process group of generation {generation.number}"):
+                if self._store is None or self._store_address != generation.store_address:
+                    host, port = parse_address(generation.store_address)
+                    self._store = dist.TCPStore(
+                        host, port, is_master=False, timeout=self.timeout, use_libuv=True
+                    )
+                    self._store_address = generation.store_address
+                store = dist.PrefixStore(store_prefix(self._token, generation.number), self._store)
+                dist.init_process_group(
+                    self.backend,
+                    store=store,
+                    rank=rank,
+                    world_size=generation.world_size,
+                    timeout=self.timeout,
+                )
         except Exception:
             # The store connection may be the broken one: a restarted coordinator (`--rejoin`) serves
             # a new store, possibly at the same address. Reconnect for the next generation.
@@ -123,14 +121,3 @@ class GroupManager:
         except Exception as exc:  # a broken group may fail to shut down cleanly; it is gone either way
             log.debug("destroying the process group: %s", exc)
         self.generation = None
-
-
-def is_collective_failure(exc: BaseException) -> bool:
-    """True when `exc` looks like a failed collective (a peer died), not a bug in the user's code."""
-    dist_error = getattr(dist, "DistError", None)
-    if dist_error is not None and isinstance(exc, dist_error):
-        return True
-    if isinstance(exc, RuntimeError):
-        text = str(exc).lower()
-        return any(marker in text for marker in _FAILURE_MARKERS)
-    return False

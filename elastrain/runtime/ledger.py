@@ -1,8 +1,8 @@
 """The exactly-once ledger: each worker appends what it processed and what it committed.
 
-One JSON line per record in ``<ledger_dir>/<worker_id>.jsonl``. Records:
-``{"k": "p"}`` processed (written before the gradient all-reduce, so a worker killed after sending its
-gradients has left its indices behind), ``{"k": "c"}`` committed, ``{"k": "g"}`` generation joined.
+One JSON line per record in ``<ledger_dir>/<worker_id>.jsonl``; the records are defined in
+`elastrain.contracts.ledger`: processed (written before the gradient all-reduce, so a worker killed
+after sending its gradients has left its indices behind), committed, generation joined.
 `elastrain.report` turns the files of a job into per-epoch counts.
 """
 
@@ -13,7 +13,8 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from elastrain.contracts.ledger import CommittedRecord, GenerationRecord, LedgerRecord, ProcessedRecord
 
 
 class Ledger:
@@ -33,34 +34,30 @@ class Ledger:
         """True when records are written."""
         return self._file is not None
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def write(self, record: LedgerRecord) -> None:
+        """Append `record`, stamped with the time and the run id."""
         if self._file is not None:
-            record["t"] = time.time()
-            record["run"] = self.run_id
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+            line = record.to_json()
+            line["t"] = time.time()
+            line["run"] = self.run_id
+            self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def generation(self, generation: int, rank: int, world_size: int, start_step: int, cause: str) -> None:
         """This worker entered `generation` as `rank`, with the state of committed step `start_step`."""
-        self._write(
-            {
-                "k": "g",
-                "g": generation,
-                "r": rank,
-                "ws": world_size,
-                "s": start_step,
-                "cause": cause,
-                "pid": os.getpid(),
-                "w": self.worker_id,
-            }
-        )
+        if self._file is not None:
+            self.write(
+                GenerationRecord(generation, rank, world_size, start_step, cause, os.getpid(), self.worker_id)
+            )
 
     def processed(self, generation: int, epoch: int, step: int, indices: Sequence[int]) -> None:
         """This worker is about to contribute `indices` to step `step`."""
-        self._write({"k": "p", "g": generation, "e": epoch, "s": step, "i": list(indices)})
+        if self._file is not None:
+            self.write(ProcessedRecord(generation, epoch, step, indices))
 
     def committed(self, generation: int, epoch: int, step: int, world_size: int) -> None:
         """Step `step` completed on this worker."""
-        self._write({"k": "c", "g": generation, "e": epoch, "s": step, "ws": world_size})
+        if self._file is not None:
+            self.write(CommittedRecord(generation, epoch, step, world_size))
 
     def close(self) -> None:
         """Flush and close."""

@@ -1,7 +1,8 @@
 """Progress reports from a running job to the control plane (rank 0, at most once a second).
 
 Enabled when the job was started by the control plane (`elastrain job submit` sets
-ELASTRAIN_REPORT_URL, ELASTRAIN_JOB_ID and ELASTRAIN_REPORT_TOKEN). The HTTP post happens on a
+ELASTRAIN_REPORT_URL, ELASTRAIN_JOB_ID and ELASTRAIN_REPORT_TOKEN: `elastrain.contracts.env.ReportEnv`).
+The payloads are `elastrain.contracts.report`'s. The HTTP post happens on a
 background thread that always sends the latest values, so a slow server never slows training.
 """
 
@@ -18,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elastrain.contracts.env import ReportEnv, WorkerEnv
+from elastrain.contracts.report import CheckpointReport, ProgressReport
 from elastrain.httpunix import urlopen
 
 if TYPE_CHECKING:
@@ -26,10 +29,8 @@ if TYPE_CHECKING:
 
 def _job_endpoint(env: Mapping[str, str], resource: str) -> tuple[str, str]:
     """``(URL of the job's `resource`, report token)``; the URL is empty outside a control-plane job."""
-    url, job, token = (
-        env.get(k, "") for k in ("ELASTRAIN_REPORT_URL", "ELASTRAIN_JOB_ID", "ELASTRAIN_REPORT_TOKEN")
-    )
-    return (f"{url.rstrip('/')}/api/v1/jobs/{job}/{resource}" if url and job and token else ""), token
+    report = ReportEnv.from_env(env)
+    return report.endpoint(resource), report.token
 
 
 def _post(endpoint: str, token: str, body: dict[str, Any]) -> int:
@@ -84,33 +85,19 @@ class ProgressReporter:
         now = time.monotonic()
         rate = (samples - self._last_samples) / max(now - self._last_time, 1e-9)
         self._last_time, self._last_samples = now, samples
-        self._latest = {
-            "step": step,
-            "epoch": epoch,
-            "world_size": world_size,
-            "samples_per_s": round(rate, 2),
-        }
-        if loss is not None:
-            self._latest["loss"] = float(loss)
-        if hosts is not None:
-            self._latest["hosts"] = hosts
+        self._latest = ProgressReport(step, epoch, world_size, round(rate, 2), loss, hosts).to_wire()
         self._wake.set()
 
     def checkpoint(self, path: Path, manifest: Manifest, write_s: float) -> None:
         """Tell the control plane a checkpoint was published (called on the checkpoint writer thread)."""
-        root = os.environ.get("ELASTRAIN_CONTAINER_ROOT", "")
+        root = os.environ.get(WorkerEnv.CONTAINER_ROOT, "")
         shown = str(path)
         if root and shown.startswith(root.rstrip("/") + "/"):  # as the container sees it
             shown = "/" + shown[len(root.rstrip("/")) + 1 :]
-        report = {
-            "path": shown,
-            "step": manifest.step,
-            "epoch": manifest.epoch,
-            "world_size": manifest.world_size,
-            "bytes": manifest.size,
-            "write_s": round(write_s, 4),
-        }
-        _post(self.endpoint, self._token, {"checkpoint": report})
+        report = CheckpointReport(
+            shown, manifest.step, manifest.epoch, manifest.world_size, manifest.size, round(write_s, 4)
+        )
+        _post(self.endpoint, self._token, report.to_wire())
 
     def _send_loop(self) -> None:
         while True:

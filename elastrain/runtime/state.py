@@ -1,33 +1,49 @@
-"""State: what survives a resize (model, optimizer, sampler, user counters) and the per-step commit."""
+"""State: what survives a resize (model, optimizer, sampler, user counters), and how it is saved,
+restored and sent to the other ranks of a new generation.
+
+`State` holds state only. What happens at a commit (ledger, progress report, checkpoint, the
+pending-generation check) belongs to the generation cycle that drives it
+(`elastrain.runtime.cycle.GenerationCycle`); `State.commit` and `State.allreduce_gradients` are the
+user's handles on that cycle.
+"""
 
 from __future__ import annotations
 
 import copy
 import io
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from elastrain.errors import ConfigError, HostsUpdatedInterrupt
-from elastrain.runtime.checkpoint import (
-    Checkpointer,
-    CheckpointPolicy,
-    CheckpointStats,
-    check_model_matches,
-    load_checkpoint,
-)
+from elastrain.errors import ConfigError
+from elastrain.runtime.checkpoint import CheckpointStats
+from elastrain.runtime.collective import peer_failures
 from elastrain.runtime.data import BatchPolicy, ElasticSampler
-from elastrain.runtime.gradsync import GradientSync, StepShape
-from elastrain.runtime.progress import ProgressReporter
 from elastrain.runtime.safe_load import decode_counters, encode_counters, safe_torch_load
 
 if TYPE_CHECKING:
-    from elastrain.runtime.loop import Runtime
+    from elastrain.runtime.connection import Runtime
 
 ResizeHook = Callable[[int, int], None]
+
+
+class StepDriver(Protocol):
+    """What drives a `State` through steps and generations (`GenerationCycle`)."""
+
+    @property
+    def checkpoint_stats(self) -> CheckpointStats | None:
+        """Stall and write times of the saves so far."""
+
+    def rank_and_world(self) -> tuple[int, int]:
+        """This worker's rank and the world size of the current generation."""
+
+    def allreduce_gradients(self, loss_reduction: str) -> int:
+        """The sample-weighted gradient all-reduce of the step in flight."""
+
+    def commit(self, loss: float | torch.Tensor | None) -> None:
+        """The commit of the step in flight."""
 
 
 class State:
@@ -55,39 +71,25 @@ class State:
             setattr(self, name, value)
         self._committed_counters = self._counters()
         self._resize_hooks: list[ResizeHook] = []
-        self._last_world = 0
-        self._runtime: Runtime | None = None
-        self._agreed_pending: bool | None = None
-        self._checkpointer: Checkpointer | None = None
-        self._resumed = False
-        self._progress = ProgressReporter()
-        self._grads = GradientSync(self._overlap_shape)
-        self._samples_total = 0
+        self._driver: StepDriver | None = None
         if sampler is not None:
             sampler.bind(self._rank_and_world)
 
-    # ----- plumbing ----------------------------------------------------------------------------
+    # ----- the driver --------------------------------------------------------------------------
+    def attach(self, driver: StepDriver) -> None:
+        """Let `driver` (the generation cycle) drive this state's steps."""
+        self._driver = driver
+
+    def _driven(self) -> StepDriver:
+        if self._driver is None:  # used outside @elastrain.run: only a plain script may
+            from elastrain.runtime.cycle import GenerationCycle
+
+            GenerationCycle.standalone(self)
+        assert self._driver is not None
+        return self._driver
+
     def _rank_and_world(self) -> tuple[int, int]:
-        rt = self._runtime
-        return (rt.rank, rt.world_size) if rt is not None else (0, 1)
-
-    def _collective(self, rt: Runtime) -> bool:
-        return rt.world_size > 1 or rt.rendezvous is not None
-
-    def _overlap_shape(self) -> StepShape | None:
-        """The sampler step in flight, for the gradient hooks (None: no overlap possible)."""
-        rt = self._runtime
-        current = self.sampler.current() if self.sampler is not None else None
-        if rt is None or current is None or not self._collective(rt):
-            return None
-        return StepShape(len(current.indices), current.size, current.size % rt.world_size == 0)
-
-    def _counters(self) -> dict[str, Any]:
-        return {name: copy.deepcopy(getattr(self, name)) for name in self._counter_names}
-
-    def on_resize(self, hook: ResizeHook) -> None:
-        """Call ``hook(old_world, new_world)`` after every change of world size (e.g. scale the LR)."""
-        self._resize_hooks.append(hook)
+        return self._driver.rank_and_world() if self._driver is not None else (0, 1)
 
     @property
     def rank(self) -> int:
@@ -99,7 +101,16 @@ class State:
         """Workers in the current generation."""
         return self._rank_and_world()[1]
 
-    # ----- the step ----------------------------------------------------------------------------
+    def on_resize(self, hook: ResizeHook) -> None:
+        """Call ``hook(old_world, new_world)`` after every change of world size (e.g. scale the LR)."""
+        self._resize_hooks.append(hook)
+
+    def resized(self, old: int, new: int) -> None:
+        """Run the `on_resize` hooks (the cycle calls it when the world size changed)."""
+        for hook in self._resize_hooks:
+            hook(old, new)
+
+    # ----- the step (the user's handles on the cycle) ----------------------------------------------
     def allreduce_gradients(self, loss_reduction: str = "mean") -> int:
         """Average gradients over every sample of the global step (not over ranks); returns that count.
 
@@ -115,69 +126,37 @@ class State:
             raise ConfigError("State.allreduce_gradients needs State(model=...)")
         if loss_reduction not in ("mean", "sum"):
             raise ConfigError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-        rt = self._require_runtime()
-        current = self.sampler.current() if self.sampler is not None else None
-        collective = self._collective(rt)
-        if current is not None:
-            shape = StepShape(len(current.indices), current.size, current.size % rt.world_size == 0)
-        else:  # one sample per rank: the plain average over ranks
-            world = rt.world_size if collective else 1
-            shape = StepShape(1, world, True)
-        if current is not None and rt.generation is not None:
-            rt.ledger.processed(rt.generation.number, current.epoch, self.step, current.indices)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        total, self._agreed_pending = self._grads.allreduce(
-            params, shape, loss_reduction, rt.pending(), collective, rt.context.bucket_bytes
-        )
-        return total
+        return self._driven().allreduce_gradients(loss_reduction)
 
     def commit(self, loss: float | torch.Tensor | None = None) -> None:
         """Mark the current step done. Every rank stops here together when a resize is pending.
 
         `loss` (optional) is only read when a progress report to the control plane is due.
         """
-        rt = self._require_runtime()
-        step = self.sampler.commit_step() if self.sampler is not None else None
-        if step is not None:
-            self._samples_total += step.size
-        first_of_generation = False
-        if rt.generation is not None:
-            epoch = step.epoch if step is not None else getattr(self, "epoch", 0)
-            rt.ledger.committed(rt.generation.number, epoch, self.step, rt.world_size)
-            if rt.reported_generation != rt.generation.number:
-                rt.reported_generation = rt.generation.number
-                first_of_generation = True
-                if rt.rank == 0 and rt.rendezvous is not None:
-                    rt.rendezvous.report_first_step(rt.generation.number, time.time())
+        self._driven().commit(loss)
+
+    @property
+    def checkpoint_stats(self) -> CheckpointStats | None:
+        """Stall and write times of the saves so far (None without checkpointing)."""
+        return self._driver.checkpoint_stats if self._driver is not None else None
+
+    # ----- counters: committed and rolled back ---------------------------------------------------
+    def _counters(self) -> dict[str, Any]:
+        return {name: copy.deepcopy(getattr(self, name)) for name in self._counter_names}
+
+    def advance(self) -> None:
+        """The step in flight is committed: count it and remember the counters as they are now."""
         self.step += 1
         self._committed_counters = self._counters()
-        if rt.rendezvous is not None:
-            rt.rendezvous.committed_step = self.step
-        # the first step of a generation is reported at once: a draining container waits for it
-        if rt.rank == 0 and (self._progress.due() or (first_of_generation and self._progress.enabled)):
-            epoch = self.sampler.epoch if self.sampler is not None else int(getattr(self, "epoch", 0))
-            value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
-            hosts = sorted({m.host for m in rt.generation.members}) if rt.generation is not None else []
-            self._progress.report(self.step, epoch, rt.world_size, self._samples_total, value, hosts)
-        if self._checkpointer is not None and rt.rank == 0 and self._checkpointer.due(self.step):
-            self._checkpointer.save(self.state_dict(), rt.world_size)
-        pending = self._agreed_pending
-        self._agreed_pending = None
-        if pending is None:
-            pending = rt.agree_pending(rt.pending()) if rt.rendezvous is not None else False
-        if pending:
-            raise HostsUpdatedInterrupt(f"generation change at step {self.step}")
 
     def rollback(self) -> None:
-        """After an interrupted step: forget uncommitted progress (counters, in-flight batches)."""
+        """After an interrupted step: forget uncommitted progress (counters, in-flight batches, grads)."""
         for name, value in self._committed_counters.items():
             setattr(self, name, copy.deepcopy(value))
         if self.sampler is not None:
             self.sampler.reset()
-        self._grads.abandon()
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        self._agreed_pending = None
 
     # ----- (de)serialisation and sync --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -209,95 +188,29 @@ class State:
             self.sampler.load_state_dict(state["sampler"])
         self._committed_counters = self._counters()
 
-    def sync(self, rt: Runtime) -> None:
-        """Bring every rank of a new generation to the state of the most advanced member."""
-        self._runtime = rt
-        self._setup_checkpoints(rt)
-        generation = rt.generation
-        if generation is None:
-            if rt.synced_generation == 0 and not self._resumed:  # a plain script: world of one
-                self._resume(rt)
-            return
-        if rt.synced_generation == generation.number:
-            return
-        if rt.rank == generation.src_rank and generation.members[generation.src_rank].committed_step <= 0:
-            self._resume(rt)  # a fresh job: the source loads the checkpoint, the broadcast spreads it
-        if generation.sync_state and generation.world_size > 1:
-            device = rt.groups.device
-            if rt.rank == generation.src_rank:
-                buffer = io.BytesIO()
-                torch.save(self.state_dict(), buffer)
-                payload = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8).to(device)
-                size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
-            else:
-                size = torch.zeros(1, dtype=torch.int64, device=device)
-            dist.broadcast(size, src=generation.src_rank)
-            if rt.rank != generation.src_rank:
+    def broadcast(self, src_rank: int, rank: int, device: torch.device) -> None:
+        """Collective: every rank of the group ends with `src_rank`'s state (`PeerFailure` if it fails)."""
+        if rank == src_rank:
+            buffer = io.BytesIO()
+            torch.save(self.state_dict(), buffer)
+            payload = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8).to(device)
+            size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+        else:
+            size = torch.zeros(1, dtype=torch.int64, device=device)
+        with peer_failures("the state broadcast"):
+            dist.broadcast(size, src=src_rank)
+            if rank != src_rank:
                 payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-            dist.broadcast(payload, src=generation.src_rank)
-            if rt.rank != generation.src_rank:
-                data = io.BytesIO(payload.cpu().numpy().tobytes())
-                self.load_state_dict(load_broadcast(data, generation.src_rank))
-        rt.synced_generation = generation.number
-        rt.ledger.generation(generation.number, rt.rank, rt.world_size, self.step, generation.cause.value)
-        if self.sampler is not None:
-            self.sampler.reset()
-        old, new = self._last_world, rt.world_size
-        self._last_world = new
-        if old and old != new:
-            for hook in self._resize_hooks:
-                hook(old, new)
+            dist.broadcast(payload, src=src_rank)
+        if rank != src_rank:
+            data = io.BytesIO(payload.cpu().numpy().tobytes())
+            self.load_state_dict(load_broadcast(data, src_rank))
 
-    # ----- durable checkpoints -------------------------------------------------------------------
-    def _setup_checkpoints(self, rt: Runtime) -> None:
-        ctx = rt.context
-        if self._checkpointer is None and ctx.checkpoint_dir is not None:
-            self._checkpointer = Checkpointer(
-                CheckpointPolicy(
-                    ctx.checkpoint_dir,
-                    ctx.checkpoint_every_steps,
-                    ctx.checkpoint_every_seconds,
-                    ctx.checkpoint_keep,
-                )
-            )
-            if rt.rank == 0 and self._progress.enabled:  # the job page lists the checkpoints
-                self._checkpointer.on_published = self._progress.checkpoint
+    def sync(self, rt: Runtime) -> None:
+        """Bring this state to the most advanced member of `rt`'s generation (the cycle's sync step)."""
+        from elastrain.runtime.cycle import GenerationCycle
 
-    def _resume(self, rt: Runtime) -> None:
-        self._resumed = True
-        path = rt.context.resume_from
-        if path is None:
-            return
-        saved = load_checkpoint(path)
-        if self.model is not None:
-            check_model_matches(self.model.state_dict(), saved, path)
-        self.load_state_dict(saved)
-        if self._checkpointer is not None:
-            self._checkpointer._last_step = self.step
-        print(f"elastrain: resumed from {path} at step {self.step}", flush=True)
-
-    def finish_checkpoints(self, rt: Runtime) -> None:
-        """Training ended on this rank: rank 0 writes a final checkpoint and waits for it."""
-        if self._checkpointer is None:
-            return
-        if rt.rank == 0:
-            self._checkpointer.save(self.state_dict(), rt.world_size, background=False)
-        self._checkpointer.wait()
-
-    @property
-    def checkpoint_stats(self) -> CheckpointStats | None:
-        """Stall and write times of the saves so far (None without checkpointing)."""
-        return self._checkpointer.stats if self._checkpointer is not None else None
-
-    def _require_runtime(self) -> Runtime:
-        if self._runtime is None:
-            from elastrain.runtime.loop import get_runtime
-
-            rt = get_runtime()
-            if rt.rendezvous is not None:
-                raise ConfigError("call state.commit() inside a function wrapped with @elastrain.run")
-            self._runtime = rt
-        return self._runtime
+        GenerationCycle.of(self, rt).sync_state()
 
 
 def load_broadcast(data: io.BytesIO, src_rank: int) -> dict[str, Any]:
@@ -313,4 +226,4 @@ def load_broadcast(data: io.BytesIO, src_rank: int) -> dict[str, Any]:
     return state
 
 
-__all__ = ["BatchPolicy", "State"]
+__all__ = ["BatchPolicy", "State", "StepDriver", "load_broadcast"]

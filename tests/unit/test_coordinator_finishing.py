@@ -7,6 +7,7 @@ Driven in process with fake agent and worker connections (no processes, no socke
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -219,3 +220,26 @@ def test_agent_connecting_after_the_job_ended_is_told_to_exit(job: Any) -> None:
     assert j.coordinator.outcome is not None and j.coordinator.outcome.success
     late = j.connect("h2")
     assert late.pushes[-1] == {"type": "exit", "success": True}
+
+
+def test_the_shell_writes_the_records_and_sets_finished(tmp_path: Any) -> None:
+    config = CoordinatorConfig(min_np=1, max_np=1, initial_np=1, events_path=tmp_path / "events.jsonl")
+    config.run_id = "r1"
+    coordinator = Coordinator(config, "token", "127.0.0.1:1", lambda host: None)
+    try:
+        coordinator.abort("interrupted")
+        assert coordinator.finished.is_set()
+        lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+        assert lines == [
+            {
+                "event": "end",
+                "success": False,
+                "message": "interrupted",
+                "at": lines[0]["at"],
+                "run": "r1",
+                "v": 1,
+            }
+        ]
+        assert coordinator.history == lines
+    finally:
+        coordinator.close()

@@ -12,7 +12,7 @@ from sqlalchemy import delete, select
 from elastrain.db.models import Cluster, ClusterState, Framework, Job, JobStatus, User
 from elastrain.db.repository import all_clusters, create_user
 from elastrain.db.session import Database
-from elastrain.server import jobs as jobs_module
+from elastrain.server import exec_service as exec_module
 from elastrain.server.errors import Conflict
 from elastrain.server.inventory import Inventory
 from elastrain.server.jobs import JobService
@@ -71,7 +71,7 @@ def test_submit_to_a_terminating_cluster_is_a_conflict(db: Database, backend: Fa
 def test_a_delete_racing_a_submit_is_a_conflict(
     db: Database, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
-    real_spec = jobs_module.container_spec
+    real_spec = exec_module.container_spec
 
     def delete_meanwhile(*args: object, **kwargs: object) -> object:  # after the read, before the insert
         if what == "marked":
@@ -81,7 +81,7 @@ def test_a_delete_racing_a_submit_is_a_conflict(
                 session.execute(delete(Cluster))
         return real_spec(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(jobs_module, "container_spec", delete_meanwhile)
+    monkeypatch.setattr(exec_module, "container_spec", delete_meanwhile)
     service = JobService(db, backend, Inventory(8, False))
     with pytest.raises(Conflict, match="is being deleted"):
         service.submit(_alice(db), "c", JobSubmit(command=["echo", "hi"]))
@@ -98,4 +98,4 @@ def test_the_final_delete_removes_a_job_row_it_finds(db: Database, backend: Fake
     settle(Reconciler(db, backend, Inventory(8, False)))
     with db.session() as session:
         assert all_clusters(session) == []
-    assert _jobs(db) == [] and backend.live == {}
+    assert _jobs(db) == [] and backend.containers == {}

@@ -5,7 +5,9 @@
 announces a new generation: workers added or removed) or a ``HorovodInternalError`` (a collective
 failed: a peer died; the state is first restored to its last commit). Either way the worker stays
 the same process: it joins the next generation, runs the reset callbacks, syncs the state and calls
-the function again. A worker the new generation does not include (scale-in) exits with code 0.
+the function again. A worker the new generation does not include (scale-in) leaves with
+``elastrain.errors.WorkerLeft`` (exit code 0); when the coordinator never comes back it stops with
+``CoordinatorGone`` (exit code 3). Any other exception is the script's own: it ends the worker.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from elastrain.errors import CoordinatorGone, MembershipChange
 from elastrain.errors import HostsUpdatedInterrupt as _AnyHostsUpdated
-from elastrain.errors import MembershipChange
 from elastrain.horovod import basics
 from elastrain.horovod.elastic.sampler import ElasticSampler
 from elastrain.horovod.elastic.state import ObjectState, State, TorchState
@@ -28,24 +30,22 @@ T = TypeVar("T")
 
 
 def _failed_collective(exc: BaseException) -> bool:
-    from elastrain.runtime.group import is_collective_failure
-
-    return isinstance(exc, (HorovodInternalError, MembershipChange)) or is_collective_failure(exc)
+    """A collective elastrain ran failed: Horovod's error, or elastrain's `PeerFailure`."""
+    return isinstance(exc, (HorovodInternalError, MembershipChange))
 
 
 def _stop_if_coordinator_gone() -> None:
-    """The coordinator never came back: stop this worker with exit code 3, as elastrain workers do."""
+    """The coordinator never came back: `CoordinatorGone` stops this worker (exit code 3), as elastrain's."""
     rt = basics.runtime()
-    if rt.rendezvous is None or not rt.rendezvous.coordinator_gone:
+    if not rt.coordinator_gone:
         return
-    print(
+    message = (
         f"elastrain: the coordinator did not come back within {rt.context.coordinator_timeout_s:.0f}s; "
-        "this worker stops",
-        file=sys.stderr,
-        flush=True,
+        "this worker stops"
     )
+    print(message, file=sys.stderr, flush=True)
     basics.shutdown()
-    sys.exit(3)
+    raise CoordinatorGone(message)
 
 
 def run(func: Callable[..., T]) -> Callable[..., T]:
