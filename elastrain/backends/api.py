@@ -1,4 +1,10 @@
-"""The `Backend` ABC: what the reconciler needs from a place that runs containers."""
+"""The `Backend` ABC: everything the control plane needs from a place that runs containers.
+
+Implementations: `local.LocalBackend` (the process backend), `container.ContainerBackend` (podman),
+`slurm.SlurmBackend` (Slurm batch jobs) and `fake.FakeBackend` (in memory, for tests). Callers use
+only the methods declared here; ``tests/contract/test_backend_contract.py`` holds every implementation
+to the same behaviour.
+"""
 
 from __future__ import annotations
 
@@ -108,6 +114,11 @@ class Backend(abc.ABC):
 
     # --- with defaults: what the process backend does; the container backend overrides them -------
     translates_paths = True  # commands see this machine's paths: the server rewrites container paths
+
+    def environment(self, spec: ContainerSpec) -> dict[str, str]:
+        """The environment variables a command started in the container sees (on top of the image's, or
+        of the server's own where commands run on this machine): the spec's own by default."""
+        return dict(spec.env)
 
     def hostfile_path(self, cluster: str) -> Path | None:
         """The file on this machine holding the cluster's hostfile (None: not readable here)."""

@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import subprocess
 import zlib
@@ -29,19 +28,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, ImageEntry
-from elastrain.backends.cluster_keys import ensure_cluster_keys
+from elastrain.backends.container_files import cluster_secret, hosts_text, prepare_cluster_files
+from elastrain.backends.container_images import image_entries, resolve_image
 from elastrain.backends.container_run import (
     API_SOCKET_DIR,
     GPU_DEVICE_DIR_ENV,
-    HOSTS_HEAD,
     JOBS_DIR,
     MPI_DIR,
-    NSSWITCH,
     ClusterFiles,
     gpu_args,
     run_args,
 )
-from elastrain.backends.filemodes import open_private_append, private_dir, private_file, tenant_dir
+from elastrain.backends.filemodes import open_private_append, private_dir, tenant_dir
 from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
 from elastrain.backends.podmanctl import exec_argv, podman, podman_json
@@ -112,47 +110,11 @@ class ContainerBackend(Backend):
 
     def images(self) -> list[ImageEntry]:
         """The elastrain images in podman's store (`elastrain image build` makes them)."""
-        from elastrain.images.catalog import list_images, pick_default
-
-        infos = list_images()
-        defaults = {f: pick_default(infos, f) for i in infos for f in i.frameworks}
-        by_id: dict[str, ImageEntry] = {}
-        for i in infos:  # one entry per image: its :latest tag where it has one
-            if i.id not in by_id or i.name.endswith(":latest"):
-                default_for = tuple(f for f, d in sorted(defaults.items()) if d is not None and d.id == i.id)
-                by_id[i.id] = ImageEntry(
-                    i.name, i.frameworks, i.size_bytes, i.created, f"OCI image {i.id[:12]}", default_for
-                )
-        return list(by_id.values())
+        return image_entries()
 
     def resolve_image(self, image: str, framework: str) -> str:
         """The named image, or the newest holding `framework`; ValueError (what to do) when none fits."""
-        from elastrain.images.catalog import default_image_for, find_image, list_images
-        from elastrain.images.recipe import UNAVAILABLE_FRAMEWORKS
-
-        build = f"elastrain image build --framework {framework}"
-        if framework in UNAVAILABLE_FRAMEWORKS and default_image_for(framework) is None:
-            raise ValueError(f"framework {framework!r} is not available: {UNAVAILABLE_FRAMEWORKS[framework]}")
-        if not image or image == "local":
-            found = default_image_for(framework)
-            if found is None:
-                raise ValueError(
-                    f"no image holds framework {framework!r}; build one first ({build}) "
-                    "or pick another framework"
-                )
-            return found.name
-        info = find_image(image)
-        if info is None:
-            known = ", ".join(sorted({i.name for i in list_images()})) or "none yet"
-            raise ValueError(f"unknown image {image!r} (images: {known}); build one with `{build}`")
-        if framework not in info.frameworks:
-            fitting = default_image_for(framework)
-            hint = f"use image {fitting.name}" if fitting is not None else f"build one with `{build}`"
-            raise ValueError(
-                f"image {info.name} holds {', '.join(info.frameworks) or 'no framework'}, "
-                f"not {framework}; {hint}"
-            )
-        return info.name
+        return resolve_image(image, framework)
 
     def path_inside(self, cluster: str, name: str, path: str) -> str:
         """Processes in the container see container paths as they are."""
@@ -161,33 +123,11 @@ class ContainerBackend(Backend):
     # --- cluster-level set-up ----------------------------------------------------------------------
     def _prepare_cluster(self, spec: ContainerSpec) -> str:
         """Directories (0700; mounted ones the tenant's only), secret and network (idempotent); the secret."""
-        base = private_dir(self.cluster_dir(spec.cluster))
-        for sub in ("mpi", "home", "jobs"):
-            (base / sub).mkdir(parents=True, exist_ok=True)
-        ensure_cluster_keys(base / "keys", spec.cluster, spec.tenant_uid)
-        hostfile = base / "mpi" / "hostfile"
-        if not hostfile.exists():
-            atomic_write_text(hostfile, "# generation: 0\n")
-        tenant_dir(base / "mpi", spec.tenant_uid)
-        for sub in ("home", "jobs"):
-            try:
-                os.chown(base / sub, spec.tenant_uid, spec.tenant_uid)
-            except PermissionError:
-                pass
-            os.chmod(base / sub, 0o700)
-        atomic_write_text(base / "mounts.json", json.dumps({m.target: m.source for m in spec.mounts}))
-        private_file(base / "mounts.json")
-        if not (base / "hosts").exists():
-            atomic_write_text(base / "hosts", HOSTS_HEAD)
-        atomic_write_text(base / "nsswitch.conf", NSSWITCH)
+        base = prepare_cluster_files(self.cluster_dir(spec.cluster), spec)
         sockets = self.api_socket_dir(spec.cluster)
         tenant_dir(sockets, spec.tenant_uid)
         self.relays.ensure(sockets / "api.sock")
-        secret_file = base / "secret"
-        if not secret_file.exists():
-            fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(24))
+        secret = cluster_secret(base)
         network = self.network_name(spec.cluster)
         if podman("network", "exists", network, check=False).returncode != 0:
             podman(
@@ -196,7 +136,7 @@ class ContainerBackend(Backend):
                 "--label", f"elastrain.server={self.server_key}",
                 network,
             )  # fmt: skip
-        return secret_file.read_text().strip()
+        return secret
 
     def api_socket_dir(self, cluster: str) -> Path:
         """The directory holding the cluster's API socket (mounted at /run/elastrain in its containers)."""
@@ -325,19 +265,12 @@ class ContainerBackend(Backend):
         names = [
             self.container_name(s.name) for s in self.list_containers() if s.cluster == cluster and s.alive
         ]
-        lines = [HOSTS_HEAD]
-        network = self.network_name(cluster)
-        for info in podman_json("inspect", "--format", "json", *names) if names else []:
-            address = (
-                ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}).get("IPAddress")
-            )
-            hostname = (info.get("Config") or {}).get("Hostname")
-            if address and hostname:
-                lines.append(f"{address}\t{hostname} {info.get('Name', '').lstrip('/')}\n")
+        infos = podman_json("inspect", "--format", "json", *names) if names else []
+        text = hosts_text(infos, self.network_name(cluster))
         # in place (the file is bind-mounted: a rename would not reach the containers), in one write
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
         try:
-            os.write(fd, "".join(lines).encode())
+            os.write(fd, text.encode())
         finally:
             os.close(fd)
 
@@ -417,6 +350,8 @@ class ContainerBackend(Backend):
     def logs(self, cluster: str, name: str) -> Iterator[str]:
         """The container's output (the node daemon's and the agents it started)."""
         done = podman("logs", self.container_name(name), check=False)
+        if done.returncode != 0 and "no such container" in done.stderr:
+            return  # a missing container has no log lines (as with every backend), not podman's error
         yield from (done.stdout + done.stderr).splitlines(keepends=True)
 
     def close(self) -> None:

@@ -64,9 +64,13 @@ class SlurmBackend(LocalBackend):
         extra_sbatch_args: tuple[str, ...] = (),
         stop_timeout_s: float = 5.0,
         node_grace_s: float = 1.0,
+        commands: SlurmCommands | None = None,
     ) -> None:
+        """`commands`: how Slurm is driven (sbatch, squeue, sinfo, scancel; default: the commands on
+        PATH with `env`, e.g. SLURM_CONF); pass another `SlurmCommands` to reach another cluster or to
+        script Slurm's answers in a test, instead of patching this object."""
         super().__init__(data_dir, stop_timeout_s)
-        self.slurm = SlurmCommands(env)
+        self.slurm = commands if commands is not None else SlurmCommands(env)
         self.cpus_per_container = cpus_per_container
         self.mem_per_container_mb = mem_per_container_mb
         self.partition = partition

@@ -12,17 +12,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from elastrain.server.jobs import JobService
-    from elastrain.server.services import Services
 
-
-def mount_portal(app: FastAPI, services: Services | None = None, jobs: JobService | None = None) -> None:
-    """Serve the portal at ``/`` (pages and static files); with `services`/`jobs` also the browser-only
-    API routes: the job metrics history and the launcher-terminal WebSocket."""
+def mount_portal(app: FastAPI, api: bool = True) -> None:
+    """Serve the portal at ``/`` (pages and static files); with `api` also the browser-only API routes
+    (the job metrics history and the launcher-terminal WebSocket), which find the server's services on
+    ``app.state`` (`elastrain.server.deps`)."""
     from elastrain.portal.pages import add_pages
 
     add_pages(app)
-    if services is not None and jobs is not None:
+    if api:
         from elastrain.portal.api import add_portal_api
 
-        add_portal_api(app, services, jobs)
+        add_portal_api(app)

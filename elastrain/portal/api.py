@@ -11,20 +11,17 @@ import logging
 import pathlib
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, FastAPI, Path, Query, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel
 from sqlalchemy import select
 
 from elastrain.db.models import ContainerState, JobMetric, User
-from elastrain.db.repository import find_cluster
 from elastrain.portal.terminal import TerminalRegistry, TerminalSession, TerminalTarget
-from elastrain.server.auth import Credentials
+from elastrain.server.deps import CurrentUser, JobsDep, ServicesDep, user_for_token
 from elastrain.server.errors import Conflict, Forbidden, NotFound, Unauthorized
 from elastrain.server.fields import UtcDatetime
-from elastrain.server.jobs import JobService, launcher_of
 from elastrain.server.openapi import errors
-from elastrain.server.reconciler import container_spec
-from elastrain.server.services import Services, check_host_commands, check_owner
+from elastrain.server.services import Services
 
 log = logging.getLogger("elastrain.portal")
 AUTH_TIMEOUT_S = 10.0
@@ -43,32 +40,20 @@ class MetricOut(BaseModel):
     world_size: int | None
 
 
-def _user(services: Services, token: str) -> User:
-    with services.db.session() as session:
-        user = services.authenticate(session, token)
-        if user is None:
-            raise Unauthorized("unknown token; ask an admin for one (elastrain user create NAME)")
-        session.expunge(user)
-        return user
-
-
 def terminal_target(services: Services, user: User, name: str) -> TerminalTarget:
     """Where the caller's terminal runs: the launcher container of their cluster `name`.
 
-    The rules of REST exec: 403 on the process backend without --insecure-process-backend, 404 for a
-    cluster the caller cannot see, 403 for one they see but do not own (an admin's view of a tenant's).
+    The rules of REST exec (`ExecService.find`): 403 on the process backend without
+    --insecure-process-backend, 404 for a cluster the caller cannot see, 403 for one they see but do
+    not own (an admin's view of a tenant's); 409 while the launcher is not Running.
     """
-    check_host_commands(services.host_commands_allowed)
+    commands = services.commands
     with services.db.session() as session:
-        cluster = find_cluster(session, user, name)
-        if cluster is None:
-            raise NotFound(f"cluster {name!r} not found")
-        check_owner(cluster, user)
-        launcher = launcher_of(cluster)
+        cluster, launcher = commands.find(session, user, name)
         if launcher is None or launcher.state != ContainerState.Running:
             raise Conflict(f"the launcher container of {name!r} is not Running yet; wait and retry")
-        spec = container_spec(cluster, launcher, services.inventory.real)
-    backend = services.backend
+        spec = commands.spec(cluster, launcher)
+    backend = commands.backend
     label = f"{spec.cluster}/{spec.name}"
     if not backend.translates_paths:  # a real container: a shell inside it, as the tenant
 
@@ -77,21 +62,13 @@ def terminal_target(services: Services, user: User, name: str) -> TerminalTarget
 
         return TerminalTarget(cwd=pathlib.Path("/"), env={}, label=label, argv_for=shell)
     root = backend.container_path(spec.cluster, spec.name, "/")
-    environment = getattr(backend, "environment", None)
-    env = environment(spec) if callable(environment) else {}
-    return TerminalTarget(cwd=root, env=env, label=label, shm_bytes=spec.shm_bytes)
+    return TerminalTarget(cwd=root, env=backend.environment(spec), label=label, shm_bytes=spec.shm_bytes)
 
 
-def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
+def add_portal_api(app: FastAPI) -> None:
     """Register ``GET /api/v1/jobs/{id}/metrics`` and ``WS /api/v1/clusters/{name}/terminal``."""
     terminals = TerminalRegistry()
     app.router.on_shutdown.append(terminals.close_all)
-
-    def caller(credentials: Credentials) -> User:
-        if credentials is None or credentials.scheme.lower() != "bearer":
-            raise Unauthorized("missing bearer token; set ELASTRAIN_TOKEN or pass --token")
-        return _user(services, credentials.credentials)
-
     api = APIRouter(prefix="/api/v1")
 
     @api.get(
@@ -101,8 +78,10 @@ def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
         tags=["jobs"],
     )
     def get_job_metrics(
+        services: ServicesDep,
+        jobs: JobsDep,
         job_id: Annotated[int, Path(ge=0, le=MAX_ID)],
-        user: Annotated[User, Depends(caller)],
+        user: CurrentUser,
         after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
         limit: Annotated[int, Query(ge=1, le=20000)] = 5000,
     ) -> list[MetricOut]:
@@ -129,13 +108,13 @@ def add_portal_api(app: FastAPI, services: Services, jobs: JobService) -> None:
             ]
 
     @api.websocket("/clusters/{name}/terminal")
-    async def terminal(websocket: WebSocket, name: str) -> None:
+    async def terminal(websocket: WebSocket, name: str, services: ServicesDep, jobs: JobsDep) -> None:
         """A shell in the launcher container. First message ``{"token": ...}``; then ``{"input": str}``
         and ``{"resize": [cols, rows]}``; the server sends the terminal's output as text."""
         await websocket.accept()
         try:
             hello = json.loads(await asyncio.wait_for(websocket.receive_text(), AUTH_TIMEOUT_S))
-            user = _user(services, str(hello.get("token", "")))
+            user = user_for_token(services, str(hello.get("token", "")))
             target = await asyncio.to_thread(terminal_target, services, user, name)
         except (Unauthorized, Forbidden, NotFound, Conflict) as exc:
             await websocket.send_text(f"\r\n{exc}\r\n")

@@ -1,6 +1,7 @@
 """The FastAPI application: routes under ``/api/v1`` (`routes_users`, `routes_clusters`, `routes_jobs`)
 calling `Services`; every refusal as RFC 9457 problem details (`problems`); the OpenAPI document says
-what the routes do (`openapi`).
+what the routes do (`openapi`). The server's objects are on ``app.state`` (services, jobs, settings),
+where the routes' dependencies (`deps`) find them.
 """
 
 import hmac
@@ -11,16 +12,13 @@ from fastapi import FastAPI
 
 from elastrain.db.models import Job
 from elastrain.db.repository import hash_token
-from elastrain.server import openapi, problems
-from elastrain.server.auth import caller_dependency
+from elastrain.server import openapi, problems, routes_clusters, routes_jobs, routes_users
 from elastrain.server.errors import Unauthorized
 from elastrain.server.jobs import JobService
 from elastrain.server.limits import BodyLimitMiddleware, bearer_token, resolve_max_body_bytes
-from elastrain.server.routes_clusters import clusters_router
-from elastrain.server.routes_jobs import jobs_router
-from elastrain.server.routes_users import users_router
 from elastrain.server.schemas import MAX_DB_INT
 from elastrain.server.services import Services
+from elastrain.server.settings import ServerSettings
 
 _JOB_TOKEN_ROUTE = re.compile(r"^/api/v1/jobs/([0-9]{1,19})/(?:progress|incidents)$")
 _ATTACH_ROUTE = "/api/v1/jobs/attach"
@@ -72,12 +70,21 @@ def body_authorizer(services: Services, jobs: JobService) -> Callable[[str, Mapp
     return authorized
 
 
-def create_app(services: Services, jobs: JobService, *, max_body_bytes: int | None = None) -> FastAPI:
-    """The app with every route and error handler wired to `services`.
+def create_app(
+    services: Services,
+    jobs: JobService,
+    *,
+    max_body_bytes: int | None = None,
+    settings: ServerSettings | None = None,
+) -> FastAPI:
+    """The app with every route and error handler wired to `services` and `jobs`.
 
-    `max_body_bytes`: the request-body cap (default ``$ELASTRAIN_MAX_BODY_BYTES``, else 1 MiB); bodies
-    under ``/api/`` are refused (401) before they are read unless the request carries a valid token.
+    `max_body_bytes`: the request-body cap (default: `settings`' ``max_body_bytes``, else
+    ``$ELASTRAIN_MAX_BODY_BYTES``, else 1 MiB); bodies under ``/api/`` are refused (401) before they
+    are read unless the request carries a valid token.
     """
+    if max_body_bytes is None and settings is not None:
+        max_body_bytes = settings.max_body_bytes
     app = FastAPI(  # /docs is served from the package (elastrain.server.docs), never from a CDN
         title="elastrain control plane",
         version="0.1.0",
@@ -88,11 +95,11 @@ def create_app(services: Services, jobs: JobService, *, max_body_bytes: int | No
         openapi_url="/openapi.json",
         generate_unique_id_function=openapi.operation_id,
     )
+    app.state.services, app.state.jobs, app.state.settings = services, jobs, settings
     problems.install(app)
-    current_user = caller_dependency(services)
-    app.include_router(users_router(services, current_user))
-    app.include_router(clusters_router(services, current_user))
-    app.include_router(jobs_router(jobs, current_user))
+    app.include_router(routes_users.router)
+    app.include_router(routes_clusters.router)
+    app.include_router(routes_jobs.router)
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=resolve_max_body_bytes(max_body_bytes),
@@ -103,7 +110,7 @@ def create_app(services: Services, jobs: JobService, *, max_body_bytes: int | No
     from elastrain.server import access_log, docs
 
     docs.add_docs(app)  # /docs with the vendored Swagger UI at /_swagger/
-    mount_portal(app, services, jobs)
+    mount_portal(app)
     openapi.finalize(app)  # errors as application/problem+json in /openapi.json
     access_log.install(app)  # outermost: X-Request-ID on every answer, one log line each
     return app

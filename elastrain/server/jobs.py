@@ -9,19 +9,15 @@ and the ``generation G formed: W workers`` lines of ``elastrain run -v``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
-import re
 import secrets
 import shlex
 import signal
-import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -29,100 +25,27 @@ from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend
 from elastrain.backends.procs import cmdline, pid_alive
-from elastrain.db.models import (
-    Cluster,
-    ClusterState,
-    Container,
-    ContainerRole,
-    ContainerState,
-    Event,
-    Job,
-    JobMetric,
-    JobStatus,
-    User,
-    utcnow,
-)
+from elastrain.contracts.env import ReportEnv
+from elastrain.db.models import Cluster, ContainerState, Event, Job, JobMetric, JobStatus, User, utcnow
 from elastrain.db.repository import add_event, find_cluster, hash_token, visible_jobs
 from elastrain.db.session import Database
 from elastrain.server import schemas
 from elastrain.server.errors import Conflict, InvalidRequest, NotFound, Unauthorized
+from elastrain.server.exec_service import ExecService, launcher_of
 from elastrain.server.inventory import Inventory
+from elastrain.server.job_files import (
+    FIELDS,
+    check_not_terminating,
+    create_private_file,
+    exit_path,
+    job_out,
+    log_path_of,
+    open_no_follow,
+    progress_values,
+    recheck_not_terminating,
+)
 from elastrain.server.membership import JobMembership
 from elastrain.server.reconciler import aware, container_spec, tenant_uid
-from elastrain.server.services import check_host_commands, check_owner, command_for
-
-_PROGRESS = re.compile(
-    r"epoch (?P<epoch>\d+) done: world (?P<world_size>\d+), step (?P<step>\d+), loss (?P<loss>[-\d.eE+]+)"
-    r"|generation \d+ formed: (?P<generation_world>\d+) workers"  # `elastrain run -v`
-)
-_FIELDS = ("step", "epoch", "loss", "samples_per_s", "world_size")
-
-
-def check_not_terminating(cluster: Cluster) -> None:
-    """Refuse (409) a new job in a cluster being deleted: its row goes away with the cluster."""
-    if cluster.state == ClusterState.Terminating:
-        raise Conflict(f"cluster {cluster.name!r} is being deleted")
-
-
-def _recheck_not_terminating(session: Session, cluster: Cluster) -> None:
-    """After the job row is written (the write lock held on SQLite; the cluster row key-share locked on
-    PostgreSQL): refuse it if the cluster was deleted, or marked for deletion, since it was read."""
-    state = session.scalar(select(Cluster.state).where(Cluster.id == cluster.id))
-    if state is None or state == ClusterState.Terminating:
-        raise Conflict(f"cluster {cluster.name!r} is being deleted")
-
-
-def launcher_of(cluster: Cluster) -> Container | None:
-    """The cluster's launcher container row, if it has one."""
-    return next((k for k in cluster.containers if k.role == ContainerRole.launcher), None)
-
-
-def _log_path(job_id: int) -> str:
-    return f"/var/log/jobs/{job_id}.log"  # in the launcher container
-
-
-def _exit_path(job_id: int) -> str:
-    return f"/var/log/jobs/{job_id}.exit"
-
-
-def create_private_file(path: Path, data: bytes, owner_uid: int | None) -> None:
-    """Create `path` afresh, 0600 (never through a link a tenant planted there), owned by `owner_uid` if
-    given (the tenant whose job writes it; nobody else reads it)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, data)
-        if owner_uid is not None:
-            try:
-                os.fchown(fd, owner_uid, owner_uid)
-            except PermissionError:
-                pass
-    finally:
-        os.close(fd)
-
-
-def open_no_follow(path: Path) -> BinaryIO:
-    """Open a job file for reading, refusing a symbolic link (a tenant may have replaced the file)."""
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
-
-
-def job_out(job: Job, cluster: str) -> schemas.JobOut:
-    """The API view of a job row."""
-    return schemas.JobOut(
-        id=job.id,
-        cluster=cluster,
-        command=json.loads(job.command),
-        status=job.status,
-        pid=job.pid,
-        exit_code=job.exit_code,
-        step=job.step,
-        epoch=job.epoch,
-        loss=job.loss,
-        samples_per_s=job.samples_per_s,
-        world_size=job.world_size,
-        created_at=aware(job.created_at) or job.created_at,
-        finished_at=aware(job.finished_at),
-    )
 
 
 @dataclass
@@ -134,10 +57,20 @@ class JobService:
     inventory: Inventory
     report_url: str = ""
     membership: JobMembership = field(default_factory=JobMembership)
-    host_commands_allowed: bool = True  # False: the process backend without --insecure-process-backend
+    exec_service: ExecService | None = None  # default: one on `backend` (`main` shares the server's)
     _offsets: dict[int, int] = field(default_factory=dict)
     _attach_tokens: dict[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (user id, cluster)
     _attach_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.exec_service is None:
+            self.exec_service = ExecService(self.backend, self.inventory)
+
+    @property
+    def commands(self) -> ExecService:
+        """Where the jobs' commands are started."""
+        assert self.exec_service is not None
+        return self.exec_service
 
     def _cluster(self, session: Session, user: User, name: str) -> Cluster:
         cluster = find_cluster(session, user, name)
@@ -147,28 +80,19 @@ class JobService:
 
     def submit(self, user: User, name: str, req: schemas.JobSubmit) -> schemas.JobOut:
         """Start the command detached in the launcher container."""
-        check_host_commands(self.host_commands_allowed)
         token = secrets.token_urlsafe(24)
         with self.db.session() as session:
-            cluster = self._cluster(session, user, name)
-            check_owner(cluster, user)
+            cluster, launcher = self.commands.find(session, user, name)
             check_not_terminating(cluster)
-            launcher = launcher_of(cluster)
             if launcher is None or launcher.state != ContainerState.Running:
                 raise Conflict(f"cluster {name!r} has no Running launcher yet; wait for it and retry")
-            spec = container_spec(cluster, launcher, self.inventory.real)
+            spec = self.commands.spec(cluster, launcher)
             job, log_path = self._new_job(session, cluster, launcher.name, user, req.command, token)
-            command = command_for(self.backend, spec, req.command)
-            env = {
-                "ELASTRAIN_JOB_ID": str(job.id),
-                "ELASTRAIN_REPORT_URL": self.backend.api_url(cluster.name, self.report_url),
-                "ELASTRAIN_REPORT_TOKEN": token,
-            }
-            exit_file = self.backend.path_inside(cluster.name, launcher.name, _exit_path(job.id))
-            python = sys.executable if self.backend.translates_paths else "python"  # the image's own
-            wrapped = [python, "-m", "elastrain.backends.jobrun", "--exit-file", exit_file, "--", *command]
-            spec = dataclasses.replace(spec, env={**spec.env, **env})
-            proc = self.backend.exec(spec, wrapped, log_path=log_path)
+            env = ReportEnv(
+                url=self.backend.api_url(cluster.name, self.report_url), job_id=str(job.id), token=token
+            ).to_env()
+            exit_file = self.backend.path_inside(cluster.name, launcher.name, exit_path(job.id))
+            proc = self.commands.start(spec, req.command, env=env, log_path=log_path, exit_file=exit_file)
             job.pid = proc.pid
             add_event(session, user.name, "job.submitted", name, user.id, job=job.id, command=req.command)
             return job_out(job, cluster.name)
@@ -190,8 +114,8 @@ class JobService:
             session.flush()
         except IntegrityError as exc:  # the cluster's row went away under us (a delete finished)
             raise Conflict(f"cluster {name!r} is being deleted") from exc
-        _recheck_not_terminating(session, cluster)
-        log_path = self.backend.container_path(cluster.name, launcher, _log_path(job.id))
+        recheck_not_terminating(session, cluster)
+        log_path = self.backend.container_path(cluster.name, launcher, log_path_of(job.id))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         owner = None if self.backend.translates_paths else tenant_uid(cluster.owner_id)
         create_private_file(log_path, f"$ {shlex.join(command)}\n".encode(), owner)
@@ -238,8 +162,8 @@ class JobService:
                 id=job.id,
                 report_url=self.backend.api_url(cluster.name, self.report_url),
                 report_token=report_token,
-                log_path=inside(cluster.name, launcher.name, _log_path(job.id)),
-                exit_path=inside(cluster.name, launcher.name, _exit_path(job.id)),
+                log_path=inside(cluster.name, launcher.name, log_path_of(job.id)),
+                exit_path=inside(cluster.name, launcher.name, exit_path(job.id)),
             )
 
     def _job(self, session: Session, user: User, job_id: int) -> tuple[Job, str]:
@@ -367,7 +291,7 @@ class JobService:
 
     @staticmethod
     def _record(session: Session, job: Job, values: dict[str, object]) -> None:
-        values = {k: v for k, v in values.items() if k in _FIELDS and v is not None}
+        values = {k: v for k, v in values.items() if k in FIELDS and v is not None}
         if not values:
             return
         for key, value in values.items():
@@ -411,10 +335,4 @@ class JobService:
             return
         cut = data.rfind(b"\n") + 1
         self._offsets[job.id] = offset + cut
-        values: dict[str, object] = {}
-        for match in _PROGRESS.finditer(data[:cut].decode(errors="replace")):
-            found = {k: v for k, v in match.groupdict().items() if v is not None}
-            if "generation_world" in found:
-                found = {"world_size": found["generation_world"]}
-            values.update({k: (float(v) if k == "loss" else int(v)) for k, v in found.items()})
-        self._record(session, job, values)
+        self._record(session, job, progress_values(data[:cut].decode(errors="replace")))

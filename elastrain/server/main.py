@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from elastrain.backends.api import Backend
     from elastrain.db.session import Database
     from elastrain.server.inventory import Inventory
+    from elastrain.server.settings import ServerSettings
 
 log = logging.getLogger("elastrain.server")
 DEFAULT_DATA_DIR = Path("~/.elastrain").expanduser()
@@ -156,32 +157,43 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def make_backend(args: argparse.Namespace, data_dir: Path) -> tuple[Backend, Inventory]:
-    """The backend `--backend` names (default: containers where podman works) and the GPU inventory."""
+def resolve_backend(settings: ServerSettings) -> ServerSettings:
+    """`settings` with the backend decided: the one named ('local' is the process backend's old name),
+    else containers where podman works, else the process backend."""
     from elastrain.backends.podmanctl import podman_works
-    from elastrain.server.inventory import Inventory
 
-    if args.backend is None:
-        args.backend = "container" if podman_works() else "process"
-        if args.backend == "process":
+    backend = settings.backend
+    if backend is None:
+        backend = "container" if podman_works() else "process"
+        if backend == "process":
             print(
                 "elastrain server: podman cannot run containers here; using the process backend, "
                 "which isolates nothing (install podman and runc for real containers)",
                 file=sys.stderr,
                 flush=True,
             )
-    if args.backend == "slurm":
-        from elastrain.backends.slurm import SlurmBackend
-        from elastrain.backends.slurmctl import SlurmError
+    elif backend == "local":
+        backend = "process"
+    return settings.model_copy(update={"backend": backend})
 
-        slurm = SlurmBackend(data_dir)
+
+def make_backend(settings: ServerSettings, data_dir: Path) -> tuple[Backend, Inventory]:
+    """The backend `settings` name (decided by `resolve_backend`) and the GPU inventory."""
+    from elastrain.backends.podmanctl import podman_works
+    from elastrain.server.inventory import Inventory
+
+    if settings.backend == "slurm":
+        from elastrain.backends.slurm import SlurmBackend
+        from elastrain.backends.slurmctl import SlurmCommands, SlurmError
+
+        slurm = SlurmBackend(data_dir, commands=SlurmCommands())
         try:  # virtual GPU ids for the policy; Slurm picks the real ones (--gres)
-            gpus = args.gpus if args.gpus is not None else slurm.slurm.total_gpus()
+            gpus = settings.gpus if settings.gpus is not None else slurm.slurm.total_gpus()
         except SlurmError as exc:
             raise ConfigError(f"--backend slurm: cannot reach Slurm (SLURM_CONF?): {exc}") from None
         return slurm, Inventory.create(gpus, str(data_dir))
-    inventory = Inventory.create(args.gpus, str(data_dir))
-    if args.backend == "container":
+    inventory = Inventory.create(settings.gpus, str(data_dir))
+    if settings.backend == "container":
         from elastrain.backends.container import ContainerBackend
 
         if not podman_works():
@@ -192,7 +204,6 @@ def make_backend(args: argparse.Namespace, data_dir: Path) -> tuple[Backend, Inv
         return ContainerBackend(data_dir), inventory
     from elastrain.backends.local import LocalBackend
 
-    args.backend = "process"
     print(
         "elastrain server: warning: the process backend isolates nothing: a tenant's shell and jobs would "
         "run as the server's user on this machine",
@@ -202,13 +213,13 @@ def make_backend(args: argparse.Namespace, data_dir: Path) -> tuple[Backend, Inv
     return LocalBackend(data_dir), inventory
 
 
-def host_commands_policy(args: argparse.Namespace) -> bool:
-    """Whether tenants may run commands (exec, jobs, portal terminal) on `args.backend`; warns loudly
-    when --insecure-process-backend lets them run as this server's user."""
+def host_commands_policy(settings: ServerSettings) -> bool:
+    """Whether tenants may run commands (exec, jobs, portal terminal) on `settings.backend`; warns
+    loudly when --insecure-process-backend lets them run as this server's user."""
     from elastrain.server.settings import host_commands_allowed
 
-    allowed = host_commands_allowed(args.backend, bool(args.insecure_process_backend))
-    if args.backend != "process":
+    allowed = host_commands_allowed(settings.backend, settings.insecure_process_backend)
+    if settings.backend != "process":
         return allowed
     if allowed:
         print(
@@ -229,71 +240,98 @@ def host_commands_policy(args: argparse.Namespace) -> bool:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Run until interrupted; containers keep running when the server stops (a restart adopts them)."""
+    """`elastrain server`: resolve the settings once (flag > environment > settings file > default),
+    then serve with them."""
+    from elastrain.server.settings import load_settings, scrub_secrets_from_environment
+
+    settings = load_settings(args)
+    scrub_secrets_from_environment()  # nothing the server starts inherits ELASTRAIN_DB's password
+    return serve(settings, verbose=bool(getattr(args, "verbose", False)))
+
+
+def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
+    """The composition root: build the database, backend, reconciler, services and app from
+    `settings`, then run until interrupted; containers keep running when the server stops (a restart
+    adopts them)."""
     import uvicorn
 
     from elastrain.backends.filemodes import private_dir
     from elastrain.db.session import Database
     from elastrain.server import quotas
     from elastrain.server.app import create_app
+    from elastrain.server.exec_service import ExecService
     from elastrain.server.jobs import JobService
     from elastrain.server.limits import resolve_max_body_bytes
     from elastrain.server.membership import JobMembership
     from elastrain.server.reconciler import Reconciler
-    from elastrain.server.scheduling import set_default_mode
+    from elastrain.server.scheduling import scheduler_for
     from elastrain.server.services import Services
-    from elastrain.server.settings import load_settings, scrub_secrets_from_environment
 
-    load_settings(args).apply_to(args)  # flag > environment > settings file > default, into `args`
-    scrub_secrets_from_environment()  # nothing the server starts inherits ELASTRAIN_DB's password
-    set_default_mode(args.scheduler)
-    quotas.set_server_defaults(quotas.Limits(args.quota_clusters, args.quota_containers, args.quota_gpus))
-    print(f"elastrain server: scheduler {args.scheduler}", flush=True)
-    if args.verbose:
+    print(f"elastrain server: scheduler {settings.scheduler}", flush=True)
+    if verbose:
         logging.getLogger("elastrain").setLevel(logging.INFO)
-    if args.gpus is not None and args.gpus < 0:
+    if settings.gpus is not None and settings.gpus < 0:
         raise ConfigError("--gpus must be >= 0")
-    if not 0 <= args.port < 65536:
-        raise ConfigError(f"--port {args.port} is not a port number")
-    max_body_bytes = resolve_max_body_bytes(getattr(args, "max_body_bytes", None))
-    _check_port_free(args.host, args.port)
-    data_dir = args.data_dir.expanduser().resolve()
+    if not 0 <= settings.port < 65536:
+        raise ConfigError(f"--port {settings.port} is not a port number")
+    max_body_bytes = resolve_max_body_bytes(settings.max_body_bytes)
+    host, port = settings.host, settings.port
+    _check_port_free(host, port)
+    data_dir = settings.data_dir.expanduser().resolve()
     private_dir(data_dir)  # 0700: the database, tokens and job logs are the server's alone
-    roots = [Path(p).expanduser().resolve() for p in args.allow_mount] or [Path.cwd(), Path.home()]
+    roots = [Path(p).expanduser().resolve() for p in settings.allow_mount] or [Path.cwd(), Path.home()]
     for root in roots:
         if not root.is_dir():
             raise ConfigError(f"--allow-mount {root} is not a directory")
-    db = Database(args.db or f"sqlite:///{data_dir / 'elastrain.db'}")
+    db = Database(settings.db or f"sqlite:///{data_dir / 'elastrain.db'}")
     try:
         db.migrate()
     except Exception as exc:
         first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"cannot open or migrate the database: {first}") from None
     token = bootstrap_admin(db, data_dir)
-    backend, inventory = make_backend(args, data_dir)
-    host_commands = host_commands_policy(args)
+    settings = resolve_backend(settings)
+    backend, inventory = make_backend(settings, data_dir)
+    commands = ExecService(backend, inventory, host_commands_allowed=host_commands_policy(settings))
     membership = JobMembership()
     reconciler = Reconciler(
         db,
         backend,
         inventory,
-        interval_s=args.reconcile_interval,
-        drain_s=args.drain_seconds,
+        interval_s=settings.reconcile_interval,
+        drain_s=settings.drain_seconds,
+        scheduler=scheduler_for(settings.scheduler),
         membership=membership,
     )
-    services = Services(db, backend, inventory, reconciler, allowed_mount_roots=roots, data_dir=data_dir)
-    url = f"http://{args.host}:{args.port}"
-    local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    backend.serve_api(args.host, args.port)  # containers reach the API through relays to it
-    jobs = JobService(db, backend, inventory, report_url=f"http://{local}:{args.port}", membership=membership)
+    limits = quotas.Limits(settings.quota_clusters, settings.quota_containers, settings.quota_gpus)
+    services = Services(
+        db,
+        backend,
+        inventory,
+        reconciler,
+        allowed_mount_roots=roots,
+        data_dir=data_dir,
+        exec_service=commands,
+        quota_defaults=limits,
+    )
+    url = f"http://{host}:{port}"
+    local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    backend.serve_api(host, port)  # containers reach the API through relays to it
+    jobs = JobService(
+        db,
+        backend,
+        inventory,
+        report_url=f"http://{local}:{port}",
+        membership=membership,
+        exec_service=commands,
+    )
     reconciler.hooks.append(jobs.poll)
-    services.attach_env = jobs.attach_env
-    services.host_commands_allowed = jobs.host_commands_allowed = host_commands
-    app = create_app(services, jobs, max_body_bytes=max_body_bytes)
+    commands.attach_env = jobs.attach_env  # an `elastrain run` started by exec becomes a job
+    app = create_app(services, jobs, max_body_bytes=max_body_bytes, settings=settings)
     kind = "real" if inventory.real else "virtual"
     print(f"elastrain server: {url} (API {url}/api/v1, docs {url}/docs)", flush=True)
     print(
-        f"elastrain server: data in {data_dir}; {inventory.gpus} {kind} GPUs; {args.backend} backend",
+        f"elastrain server: data in {data_dir}; {inventory.gpus} {kind} GPUs; {settings.backend} backend",
         flush=True,
     )
     if token:  # never the token itself: a terminal's scrollback and logs are read by others
@@ -306,9 +344,9 @@ def run_server(args: argparse.Namespace) -> int:
     try:
         config = uvicorn.Config(
             app,
-            host=args.host,
-            port=args.port,
-            log_level="info" if args.verbose else "warning",
+            host=host,
+            port=port,
+            log_level="info" if verbose else "warning",
             access_log=False,  # elastrain.access logs each request (with its id, without query strings)
         )
         uvicorn.Server(config).run()

@@ -16,12 +16,11 @@ from sqlalchemy.orm import Session
 from elastrain.db.models import Cluster, User
 from elastrain.server.errors import Forbidden
 
-# Server defaults for a user without their own limit (None: unlimited); `elastrain server
-# --quota-clusters/--quota-containers/--quota-gpus` (settings) replace them via `set_server_defaults`.
+# Defaults for a user without their own limit (None: unlimited); a server's settings
+# (`--quota-clusters/--quota-containers/--quota-gpus`) give its own, passed to every check as `defaults`.
 DEFAULT_MAX_CLUSTERS: int | None = 20
 DEFAULT_MAX_CONTAINERS: int | None = 64
 DEFAULT_MAX_GPUS: int | None = None
-_server_defaults: Limits | None = None
 KINDS = ("clusters", "containers", "gpus")
 
 
@@ -54,16 +53,8 @@ class Limits:
 
 
 def server_defaults() -> Limits:
-    """The limits of a user without their own: the server's settings, else the module constants."""
-    if _server_defaults is not None:
-        return _server_defaults
+    """The limits of a user without their own where the server's settings give none: the constants."""
     return Limits(DEFAULT_MAX_CLUSTERS, DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_GPUS)
-
-
-def set_server_defaults(limits: Limits) -> None:
-    """Set the per-user default limits of this server (called once by `elastrain server`)."""
-    global _server_defaults
-    _server_defaults = limits
 
 
 def overrides(user: User) -> Limits:
@@ -122,19 +113,27 @@ def _owner_locked(session: Session, owner_id: int) -> User:
 
 
 def check_create(
-    session: Session, actor: User, containers: int, max_containers: int | None, gpus_per_container: int
+    session: Session,
+    actor: User,
+    containers: int,
+    max_containers: int | None,
+    gpus_per_container: int,
+    defaults: Limits | None = None,
 ) -> None:
-    """Refuse (403) a new cluster of `actor` that takes them past a quota; admins are exempt."""
+    """Refuse (403) a new cluster of `actor` that takes them past a quota (their own, else `defaults`);
+    admins are exempt."""
     if actor.is_admin:
         return
     owner = _owner_locked(session, actor.id)
     adding = footprint(containers, max_containers, gpus_per_container)
-    message = refusal(owner.name, effective(owner), usage_of(session, owner.id), adding)
+    message = refusal(owner.name, effective(owner, defaults), usage_of(session, owner.id), adding)
     if message is not None:
         raise Forbidden(message)
 
 
-def check_scale(session: Session, actor: User, cluster: Cluster, containers: int) -> None:
+def check_scale(
+    session: Session, actor: User, cluster: Cluster, containers: int, defaults: Limits | None = None
+) -> None:
     """Refuse (403) scaling `cluster` to `containers` when it takes its owner past a quota (an admin
     acting, or an admin owner, is exempt; shrinking always passes)."""
     if actor.is_admin:
@@ -144,6 +143,6 @@ def check_scale(session: Session, actor: User, cluster: Cluster, containers: int
         return
     before = cluster_footprint(cluster)
     after = footprint(containers, cluster.max_containers, cluster.gpus_per_container or 0)
-    message = refusal(owner.name, effective(owner), usage_of(session, owner.id), after - before)
+    message = refusal(owner.name, effective(owner, defaults), usage_of(session, owner.id), after - before)
     if message is not None:
         raise Forbidden(message)

@@ -30,7 +30,7 @@ from elastrain.server.policy import (
     worker_index,
 )
 from elastrain.server.reconcile_errors import StepFailures
-from elastrain.server.scheduling import ClusterScheduler, default_scheduler
+from elastrain.server.scheduling import ClusterScheduler
 from elastrain.server.validation import check_mount_unchanged
 
 log = logging.getLogger("elastrain.reconciler")
@@ -117,8 +117,8 @@ class Reconciler:
         scheduler: ClusterScheduler | None = None,
         membership: JobMembership | None = None,
     ) -> None:
-        """``scheduler`` (default: the one ``elastrain server --scheduler`` chose, none for ``static``)
-        sets desired sizes and admissions before each pass. A scaled-down container is removed when
+        """``scheduler`` (None: ``static``, the requested sizes; see `scheduling.scheduler_for`) sets
+        desired sizes and admissions before each pass. A scaled-down container is removed when
         the running jobs' reported memberships (`membership`) no longer list it, at most ``drain_s``
         after it left the hostfile."""
         self.db = db
@@ -133,7 +133,7 @@ class Reconciler:
         self.passes = 0
         self._busy = False
         self.hooks: list[Callable[[], int]] = []  # run after each pass (e.g. the job monitor)
-        self.scheduler = scheduler if scheduler is not None else default_scheduler()
+        self.scheduler = scheduler
         self.failures = StepFailures(db, ACTOR)
 
     def start(self) -> None:

@@ -3,16 +3,14 @@
 No ``from __future__ import annotations``: FastAPI must see the route annotations as objects.
 """
 
-from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Response
+from fastapi import APIRouter, Body, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from elastrain.db.models import User
 from elastrain.server import schemas
+from elastrain.server.deps import CurrentUser, ServicesDep
 from elastrain.server.openapi import BODY, created, errors, location, merged
-from elastrain.server.services import Services
 
 _NEW_CLUSTER = {
     "two": {"summary": "a launcher and one worker", "value": {"name": "tthvd", "containers": 2}},
@@ -44,103 +42,116 @@ class NdjsonResponse(StreamingResponse):
     media_type = NDJSON
 
 
-def clusters_router(services: Services, current_user: Callable[..., User]) -> APIRouter:
-    """The cluster routes."""
-    Caller = Annotated[User, Depends(current_user)]
-    api = APIRouter(prefix="/api/v1", tags=["clusters"])
+router = APIRouter(prefix="/api/v1", tags=["clusters"])
 
-    @api.get("/clusters", response_model=list[schemas.ClusterOut], responses=errors(401))
-    def list_clusters(user: Caller) -> list[schemas.ClusterOut]:
-        """The caller's clusters."""
-        return services.list_clusters(user)
 
-    @api.post(
-        "/clusters", response_model=schemas.ClusterOut, status_code=201, responses=created(*BODY, 403, 409)
-    )
-    def create_cluster(
-        req: Annotated[schemas.ClusterCreate, Body(openapi_examples=_NEW_CLUSTER)],
-        user: Caller,
-        response: Response,
-    ) -> schemas.ClusterOut:
-        """Create a cluster; its containers start within seconds (watch `state`). `Location` is its URL.
+@router.get("/clusters", response_model=list[schemas.ClusterOut], responses=errors(401))
+def list_clusters(services: ServicesDep, user: CurrentUser) -> list[schemas.ClusterOut]:
+    """The caller's clusters."""
+    return services.list_clusters(user)
 
-        422 names every bad field at once; then what this node refuses: 403, over quota or a mount source
-        outside the allowed roots (--allow-mount) or of the server's own state; 409, the name is taken,
-        more GPUs than the node has, or a mount source that does not exist on the server."""
-        out = services.create_cluster(user, req)
-        response.headers["Location"] = location("clusters", out.name)
-        return out
 
-    @api.get("/clusters/{name}", response_model=schemas.ClusterOut, responses=errors(401, 404))
-    def get_cluster(name: str, user: Caller) -> schemas.ClusterOut:
-        """One cluster with its containers (a deleted one is `Terminating` until it is gone)."""
-        return services.get_cluster(user, name)
+@router.post(
+    "/clusters", response_model=schemas.ClusterOut, status_code=201, responses=created(*BODY, 403, 409)
+)
+def create_cluster(
+    services: ServicesDep,
+    req: Annotated[schemas.ClusterCreate, Body(openapi_examples=_NEW_CLUSTER)],
+    user: CurrentUser,
+    response: Response,
+) -> schemas.ClusterOut:
+    """Create a cluster; its containers start within seconds (watch `state`). `Location` is its URL.
 
-    @api.patch("/clusters/{name}", response_model=schemas.ClusterOut, responses=errors(*BODY, 403, 404, 409))
-    def scale_cluster(
-        name: str, req: Annotated[schemas.ClusterScale, Body(openapi_examples=_SCALE)], user: Caller
-    ) -> schemas.ClusterOut:
-        """Scale: set the total container count (launcher included); 409 while it is being deleted, or for
-        more GPUs than the node has."""
-        return services.scale_cluster(user, name, req.containers)
+    422 names every bad field at once; then what this node refuses: 403, over quota or a mount source
+    outside the allowed roots (--allow-mount) or of the server's own state; 409, the name is taken,
+    more GPUs than the node has, or a mount source that does not exist on the server."""
+    out = services.create_cluster(user, req)
+    response.headers["Location"] = location("clusters", out.name)
+    return out
 
-    @api.delete(
-        "/clusters/{name}",
-        response_model=schemas.ClusterOut,
-        status_code=202,
-        responses=merged(errors(401, 404), {202: {"description": "Accepted: the cluster is Terminating"}}),
-    )
-    def delete_cluster(name: str, user: Caller) -> schemas.ClusterOut:
-        """Delete, asynchronously: answers 202 at once with the cluster in state `Terminating`.
 
-        The reconciler then stops every process of the cluster and removes its containers; until that is
-        done the cluster stays readable (GET answers it as `Terminating`, as Kubernetes does), and a
-        second DELETE answers 202 again. Once it is gone, GET answers 404 and the name is free."""
-        return services.delete_cluster(user, name)
+@router.get("/clusters/{name}", response_model=schemas.ClusterOut, responses=errors(401, 404))
+def get_cluster(services: ServicesDep, name: str, user: CurrentUser) -> schemas.ClusterOut:
+    """One cluster with its containers (a deleted one is `Terminating` until it is gone)."""
+    return services.get_cluster(user, name)
 
-    @api.get(
-        "/clusters/{name}/hostfile",
-        response_class=PlainTextResponse,
-        responses=merged(errors(401, 404), {200: {"description": "`host slots=N` lines"}}),
-    )
-    def get_hostfile(name: str, user: Caller) -> str:
-        """The hostfile every container reads at /etc/mpi/hostfile (text/plain)."""
-        return services.hostfile(user, name)
 
-    @api.get("/clusters/{name}/events", response_model=list[schemas.EventOut], responses=errors(401, 404))
-    def list_cluster_events(name: str, user: Caller) -> list[schemas.EventOut]:
-        """The cluster's audit trail: who did what when."""
-        return services.events(user, name)
+@router.patch("/clusters/{name}", response_model=schemas.ClusterOut, responses=errors(*BODY, 403, 404, 409))
+def scale_cluster(
+    services: ServicesDep,
+    name: str,
+    req: Annotated[schemas.ClusterScale, Body(openapi_examples=_SCALE)],
+    user: CurrentUser,
+) -> schemas.ClusterOut:
+    """Scale: set the total container count (launcher included); 409 while it is being deleted, or for
+    more GPUs than the node has."""
+    return services.scale_cluster(user, name, req.containers)
 
-    @api.get(
-        "/clusters/{name}/logs",
-        response_class=PlainTextResponse,
-        responses=merged(errors(401, 404), {200: {"description": "the container's output"}}),
-    )
-    def get_container_logs(name: str, user: Caller, container: str | None = None) -> str:
-        """A container's captured output (text/plain; the launcher's unless `container` is given)."""
-        return services.container_logs(user, name, container)
 
-    @api.post(
-        "/clusters/{name}/exec",
-        response_class=NdjsonResponse,
-        responses=merged(
-            errors(*BODY, 403, 404, 409),
-            {
-                200: {
-                    "description": "NDJSON lines",
-                    "content": {NdjsonResponse.media_type: {"schema": EXEC_LINE}},
-                }
-            },
-        ),
-    )
-    def exec_command(
-        name: str, req: Annotated[schemas.ExecRequest, Body(openapi_examples=_EXEC)], user: Caller
-    ) -> StreamingResponse:
-        """Run a command in the launcher container (or `container`); streams NDJSON (application/x-ndjson):
-        ``{"out": TEXT}`` lines, then ``{"exit": CODE}``. 403: not the owner, or host commands are off;
-        409: `container` is not one of the cluster's, or it is not Running (or the cluster has no launcher
-        yet)."""
-        return NdjsonResponse(services.exec_stream(user, name, req))
+@router.delete(
+    "/clusters/{name}",
+    response_model=schemas.ClusterOut,
+    status_code=202,
+    responses=merged(errors(401, 404), {202: {"description": "Accepted: the cluster is Terminating"}}),
+)
+def delete_cluster(services: ServicesDep, name: str, user: CurrentUser) -> schemas.ClusterOut:
+    """Delete, asynchronously: answers 202 at once with the cluster in state `Terminating`.
 
-    return api
+    The reconciler then stops every process of the cluster and removes its containers; until that is
+    done the cluster stays readable (GET answers it as `Terminating`, as Kubernetes does), and a
+    second DELETE answers 202 again. Once it is gone, GET answers 404 and the name is free."""
+    return services.delete_cluster(user, name)
+
+
+@router.get(
+    "/clusters/{name}/hostfile",
+    response_class=PlainTextResponse,
+    responses=merged(errors(401, 404), {200: {"description": "`host slots=N` lines"}}),
+)
+def get_hostfile(services: ServicesDep, name: str, user: CurrentUser) -> str:
+    """The hostfile every container reads at /etc/mpi/hostfile (text/plain)."""
+    return services.hostfile(user, name)
+
+
+@router.get("/clusters/{name}/events", response_model=list[schemas.EventOut], responses=errors(401, 404))
+def list_cluster_events(services: ServicesDep, name: str, user: CurrentUser) -> list[schemas.EventOut]:
+    """The cluster's audit trail: who did what when."""
+    return services.events(user, name)
+
+
+@router.get(
+    "/clusters/{name}/logs",
+    response_class=PlainTextResponse,
+    responses=merged(errors(401, 404), {200: {"description": "the container's output"}}),
+)
+def get_container_logs(
+    services: ServicesDep, name: str, user: CurrentUser, container: str | None = None
+) -> str:
+    """A container's captured output (text/plain; the launcher's unless `container` is given)."""
+    return services.container_logs(user, name, container)
+
+
+@router.post(
+    "/clusters/{name}/exec",
+    response_class=NdjsonResponse,
+    responses=merged(
+        errors(*BODY, 403, 404, 409),
+        {
+            200: {
+                "description": "NDJSON lines",
+                "content": {NdjsonResponse.media_type: {"schema": EXEC_LINE}},
+            }
+        },
+    ),
+)
+def exec_command(
+    services: ServicesDep,
+    name: str,
+    req: Annotated[schemas.ExecRequest, Body(openapi_examples=_EXEC)],
+    user: CurrentUser,
+) -> StreamingResponse:
+    """Run a command in the launcher container (or `container`); streams NDJSON (application/x-ndjson):
+    ``{"out": TEXT}`` lines, then ``{"exit": CODE}``. 403: not the owner, or host commands are off;
+    409: `container` is not one of the cluster's, or it is not Running (or the cluster has no launcher
+    yet)."""
+    return NdjsonResponse(services.exec_stream(user, name, req))

@@ -3,15 +3,13 @@
 No ``from __future__ import annotations``: FastAPI must see the route annotations as objects.
 """
 
-from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Query, Response
+from fastapi import APIRouter, Body, Header, Path, Query, Response
 from fastapi.responses import PlainTextResponse
 
-from elastrain.db.models import User
 from elastrain.server import schemas
-from elastrain.server.jobs import JobService
+from elastrain.server.deps import CurrentUser, JobsDep
 from elastrain.server.openapi import BODY, created, errors, location, merged
 from elastrain.server.schemas import MAX_DB_INT
 
@@ -38,99 +36,108 @@ LOG_HEADERS = {
 }
 
 
-def jobs_router(jobs: JobService, current_user: Callable[..., User]) -> APIRouter:
-    """The job routes."""
-    Caller = Annotated[User, Depends(current_user)]
-    api = APIRouter(prefix="/api/v1", tags=["jobs"])
+router = APIRouter(prefix="/api/v1", tags=["jobs"])
 
-    @api.post(
-        "/clusters/{name}/jobs",
-        response_model=schemas.JobOut,
-        status_code=201,
-        responses=created(*BODY, 403, 404, 409),
-    )
-    def submit_job(
-        name: str,
-        req: Annotated[schemas.JobSubmit, Body(openapi_examples=_SUBMIT)],
-        user: Caller,
-        response: Response,
-    ) -> schemas.JobOut:
-        """Run a command detached in the launcher container (`elastrain job submit`); `Location` is the
-        job's URL. 403: not the owner, or host commands are off; 409: no Running launcher yet."""
-        out = jobs.submit(user, name, req)
-        response.headers["Location"] = location("jobs", out.id)
-        return out
 
-    @api.get("/jobs", response_model=list[schemas.JobOut], responses=errors(401, 404, 422))
-    def list_jobs(user: Caller, cluster: str | None = None) -> list[schemas.JobOut]:
-        """The caller's jobs, optionally of one cluster (404: no such cluster)."""
-        return jobs.list(user, cluster)
+@router.post(
+    "/clusters/{name}/jobs",
+    response_model=schemas.JobOut,
+    status_code=201,
+    responses=created(*BODY, 403, 404, 409),
+)
+def submit_job(
+    jobs: JobsDep,
+    name: str,
+    req: Annotated[schemas.JobSubmit, Body(openapi_examples=_SUBMIT)],
+    user: CurrentUser,
+    response: Response,
+) -> schemas.JobOut:
+    """Run a command detached in the launcher container (`elastrain job submit`); `Location` is the
+    job's URL. 403: not the owner, or host commands are off; 409: no Running launcher yet."""
+    out = jobs.submit(user, name, req)
+    response.headers["Location"] = location("jobs", out.id)
+    return out
 
-    @api.get("/jobs/{job_id:int}", response_model=schemas.JobOut, responses=errors(401, 404, 422))
-    def get_job(job_id: JobId, user: Caller) -> schemas.JobOut:
-        """A job with its status and last progress."""
-        return jobs.get(user, job_id)
 
-    @api.delete("/jobs/{job_id:int}", response_model=schemas.JobOut, responses=errors(401, 404, 422))
-    def cancel_job(job_id: JobId, user: Caller) -> schemas.JobOut:
-        """Stop a running job (a finished one is answered as it is)."""
-        return jobs.cancel(user, job_id)
+@router.get("/jobs", response_model=list[schemas.JobOut], responses=errors(401, 404, 422))
+def list_jobs(jobs: JobsDep, user: CurrentUser, cluster: str | None = None) -> list[schemas.JobOut]:
+    """The caller's jobs, optionally of one cluster (404: no such cluster)."""
+    return jobs.list(user, cluster)
 
-    @api.get(
-        "/jobs/{job_id}/logs",
-        response_class=PlainTextResponse,
-        responses=merged(
-            errors(401, 404, 422), {200: {"description": "up to 1 MiB of log bytes", "headers": LOG_HEADERS}}
-        ),
-    )
-    def get_job_logs(
-        job_id: JobId, user: Caller, offset: Annotated[int, Query(ge=0, le=MAX_DB_INT)] = 0
-    ) -> Response:
-        """Log bytes from `offset` (text/plain); headers X-Next-Offset and X-Job-Status tell how to go on."""
-        data, next_offset, status = jobs.logs(user, job_id, offset)
-        headers = {"X-Next-Offset": str(next_offset), "X-Job-Status": status}
-        return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
-    @api.get(
-        "/jobs/{job_id}/checkpoints",
-        response_model=list[schemas.CheckpointOut],
-        responses=errors(401, 404, 422),
-    )
-    def list_job_checkpoints(job_id: JobId, user: Caller) -> list[schemas.CheckpointOut]:
-        """The checkpoints the job published (with --checkpoint-dir), newest first."""
-        return list(jobs.checkpoints(user, job_id))
+@router.get("/jobs/{job_id:int}", response_model=schemas.JobOut, responses=errors(401, 404, 422))
+def get_job(jobs: JobsDep, job_id: JobId, user: CurrentUser) -> schemas.JobOut:
+    """A job with its status and last progress."""
+    return jobs.get(user, job_id)
 
-    @api.post("/jobs/{job_id}/progress", status_code=204, responses=errors(*BODY))
-    def report_progress(
-        job_id: JobId,
-        progress: Annotated[schemas.JobProgress, Body(openapi_examples=_PROGRESS)],
-        x_job_token: Annotated[str, Header()] = "",
-    ) -> Response:
-        """A job reports step/epoch/loss/samples_per_s/world_size (auth: its X-Job-Token; 401 without)."""
-        jobs.report(job_id, x_job_token, progress)
-        return Response(status_code=204)
 
-    @api.post("/jobs/attach", response_model=schemas.JobAttached, responses=errors(*BODY, 404, 409))
-    def attach_job(
-        req: Annotated[schemas.JobAttach, Body(openapi_examples=_ATTACH)],
-        x_attach_token: Annotated[str, Header()] = "",
-    ) -> schemas.JobAttached:
-        """`elastrain run` in a launcher terminal registers itself as a job (auth: X-Attach-Token)."""
-        return jobs.attach(x_attach_token, req)
+@router.delete("/jobs/{job_id:int}", response_model=schemas.JobOut, responses=errors(401, 404, 422))
+def cancel_job(jobs: JobsDep, job_id: JobId, user: CurrentUser) -> schemas.JobOut:
+    """Stop a running job (a finished one is answered as it is)."""
+    return jobs.cancel(user, job_id)
 
-    @api.post("/jobs/{job_id}/incidents", status_code=204, responses=errors(*BODY))
-    def report_incident(
-        job_id: JobId,
-        incident: Annotated[schemas.JobIncident, Body(openapi_examples=_INCIDENT)],
-        x_job_token: Annotated[str, Header()] = "",
-    ) -> Response:
-        """`elastrain run` reports a generation change: cause, detect/recover times, steps lost."""
-        jobs.record_incident(job_id, x_job_token, incident)
-        return Response(status_code=204)
 
-    @api.get("/jobs/{job_id}/events", response_model=list[schemas.EventOut], responses=errors(401, 404, 422))
-    def list_job_events(job_id: JobId, user: Caller) -> list[schemas.EventOut]:
-        """The job's events: submitted, every incident (generation change), cancelled."""
-        return list(jobs.events(user, job_id))
+@router.get(
+    "/jobs/{job_id}/logs",
+    response_class=PlainTextResponse,
+    responses=merged(
+        errors(401, 404, 422), {200: {"description": "up to 1 MiB of log bytes", "headers": LOG_HEADERS}}
+    ),
+)
+def get_job_logs(
+    jobs: JobsDep, job_id: JobId, user: CurrentUser, offset: Annotated[int, Query(ge=0, le=MAX_DB_INT)] = 0
+) -> Response:
+    """Log bytes from `offset` (text/plain); headers X-Next-Offset and X-Job-Status tell how to go on."""
+    data, next_offset, status = jobs.logs(user, job_id, offset)
+    headers = {"X-Next-Offset": str(next_offset), "X-Job-Status": status}
+    return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
-    return api
+
+@router.get(
+    "/jobs/{job_id}/checkpoints",
+    response_model=list[schemas.CheckpointOut],
+    responses=errors(401, 404, 422),
+)
+def list_job_checkpoints(jobs: JobsDep, job_id: JobId, user: CurrentUser) -> list[schemas.CheckpointOut]:
+    """The checkpoints the job published (with --checkpoint-dir), newest first."""
+    return list(jobs.checkpoints(user, job_id))
+
+
+@router.post("/jobs/{job_id}/progress", status_code=204, responses=errors(*BODY))
+def report_progress(
+    jobs: JobsDep,
+    job_id: JobId,
+    progress: Annotated[schemas.JobProgress, Body(openapi_examples=_PROGRESS)],
+    x_job_token: Annotated[str, Header()] = "",
+) -> Response:
+    """A job reports step/epoch/loss/samples_per_s/world_size (auth: its X-Job-Token; 401 without)."""
+    jobs.report(job_id, x_job_token, progress)
+    return Response(status_code=204)
+
+
+@router.post("/jobs/attach", response_model=schemas.JobAttached, responses=errors(*BODY, 404, 409))
+def attach_job(
+    jobs: JobsDep,
+    req: Annotated[schemas.JobAttach, Body(openapi_examples=_ATTACH)],
+    x_attach_token: Annotated[str, Header()] = "",
+) -> schemas.JobAttached:
+    """`elastrain run` in a launcher terminal registers itself as a job (auth: X-Attach-Token)."""
+    return jobs.attach(x_attach_token, req)
+
+
+@router.post("/jobs/{job_id}/incidents", status_code=204, responses=errors(*BODY))
+def report_incident(
+    jobs: JobsDep,
+    job_id: JobId,
+    incident: Annotated[schemas.JobIncident, Body(openapi_examples=_INCIDENT)],
+    x_job_token: Annotated[str, Header()] = "",
+) -> Response:
+    """`elastrain run` reports a generation change: cause, detect/recover times, steps lost."""
+    jobs.record_incident(job_id, x_job_token, incident)
+    return Response(status_code=204)
+
+
+@router.get("/jobs/{job_id}/events", response_model=list[schemas.EventOut], responses=errors(401, 404, 422))
+def list_job_events(jobs: JobsDep, job_id: JobId, user: CurrentUser) -> list[schemas.EventOut]:
+    """The job's events: submitted, every incident (generation change), cancelled."""
+    return list(jobs.events(user, job_id))

@@ -45,20 +45,11 @@ class SchedulerMode(str, enum.Enum):
     elastic = "elastic"
 
 
-_default_mode = SchedulerMode.static
-
-
-def set_default_mode(mode: SchedulerMode | str) -> None:
-    """Choose the scheduler of reconcilers created from now on (set by ``elastrain server --scheduler``)."""
-    global _default_mode
-    _default_mode = SchedulerMode(mode)
-
-
-def default_scheduler() -> ClusterScheduler | None:
-    """The scheduling step for the configured mode (None for ``static``)."""
-    if _default_mode == SchedulerMode.static:
+def scheduler_for(mode: SchedulerMode | str) -> ClusterScheduler | None:
+    """The scheduling step of ``elastrain server --scheduler MODE`` (None for ``static``)."""
+    if SchedulerMode(mode) == SchedulerMode.static:
         return None
-    return ClusterScheduler(_default_mode)
+    return ClusterScheduler(SchedulerMode(mode))
 
 
 @dataclass(frozen=True)
@@ -103,7 +94,8 @@ def build_state(demands: Iterable[ClusterDemand], total_gpus: int, now_s: float)
             log.debug("cluster %s does not fit in the inventory; not scheduled this pass", job.id)
             continue
         free -= workers * job.gpus_per_worker
-        running.append(replace(job, placement=((NODE, workers),)))
+        # no attained-service history here: service counts from now (not from the epoch)
+        running.append(replace(job, placement=((NODE, workers),), service_since_s=now_s))
     node = api.Node(NODE, max(total_gpus, 0), free)
     return api.ClusterState(nodes=(node,), running=tuple(running), queued=tuple(queued), now_s=now_s)
 
@@ -144,7 +136,7 @@ class ClusterScheduler:
 
     def __init__(self, mode: SchedulerMode | str = SchedulerMode.elastic) -> None:
         self.mode = SchedulerMode(mode)
-        self.policy = make_policy(self.mode.value)
+        self.policy = make_policy(self.mode.value, preemptive=False)  # clusters cannot be suspended yet
 
     def run(self, db: Database, total_gpus: int) -> int:
         """One scheduling step; returns how many clusters changed size or admission."""

@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import codecs
-import dataclasses
 import json
-import os
-import re
 import secrets
-import select
-import signal
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from elastrain.backends.api import Backend, ContainerSpec
-from elastrain.backends.local import HOSTFILE_PATH
-from elastrain.db.models import (
-    Cluster,
-    ClusterState,
-    ContainerRole,
-    ContainerState,
-    Framework,
-    User,
-    utcnow,
-)
+from elastrain.backends.api import Backend
+from elastrain.db.models import Cluster, ClusterState, ContainerRole, ContainerState, User, utcnow
 from elastrain.db.repository import (
     add_event,
     all_clusters,
@@ -42,117 +26,13 @@ from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
 from elastrain.server import quotas, schemas, tokens
 from elastrain.server.access_log import note_user
+from elastrain.server.cluster_views import cluster_out
 from elastrain.server.create_checks import check_cluster_create
-from elastrain.server.errors import Conflict, Forbidden, InvalidRequest, NotFound, checked
-from elastrain.server.inventory import Inventory, parse_gpu_ids
-from elastrain.server.reconciler import Reconciler, aware, container_spec
-from elastrain.server.validation import (
-    check_containers,
-    check_name,
-    format_size,
-    parse_mount,
-    server_state,
-)
-
-EXEC_ID_ENV = "ELASTRAIN_EXEC_ID"  # marks the processes of one exec call, so they can be stopped
-_HOSTFILE = "--hostfile /etc/mpi/hostfile"
-_EXAMPLES = "/opt/elastrain/examples"
-# the command a user of each framework types in the launcher (the framework's own launcher, for real)
-LAUNCH_HINTS = {
-    Framework.horovod: f"horovodrun -np 2 {_HOSTFILE} python {_EXAMPLES}/horovod_mnist_elastic.py",
-    Framework.deepspeed: (
-        f"deepspeed {_HOSTFILE} {_EXAMPLES}/deepspeed_train.py --deepspeed_config {_EXAMPLES}/ds_zero2.json"
-    ),
-    # megatron-core's GPT at tensor parallel 2 x data parallel (processes / 2), on CPU through its shim
-    Framework.megatron: f"elastrain run --mode restart {_HOSTFILE} python {_EXAMPLES}/megatron_gpt.py",
-    Framework.pytorch: f"elastrain run {_HOSTFILE} python {_EXAMPLES}/mnist_elastic.py   # or torchrun",
-    Framework.slurm: "sinfo; sbatch -N 2 job.sh   # or: salloc -N 2 elastrain run --slurm python train.py",
-}
-
-
-def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
-    """The API view of a cluster row."""
-    mounts = json.loads(cluster.mounts or "[]")
-    return schemas.ClusterOut(
-        name=cluster.name,
-        owner=cluster.owner.name,
-        framework=cluster.framework,
-        state=cluster.state,
-        reason=cluster.reason,
-        desired_containers=cluster.desired_containers,
-        gpus_per_container=cluster.gpus_per_container,
-        shm=format_size(cluster.shm_bytes),
-        shm_bytes=cluster.shm_bytes,
-        image=cluster.image,
-        memory=format_size(cluster.memory_bytes) if cluster.memory_bytes else "",
-        cpus=cluster.cpus or 0.0,
-        mounts=[f"{m['source']}:{m['target']}" for m in mounts],
-        restart_policy=cluster.restart_policy,
-        hostfile_generation=cluster.hostfile_generation,
-        launch_hint=LAUNCH_HINTS[cluster.framework],
-        min_containers=cluster.min_containers or cluster.desired_containers,
-        max_containers=cluster.max_containers or cluster.desired_containers,
-        priority=cluster.priority or 0,
-        size_reason=cluster.size_reason or "",
-        created_at=aware(cluster.created_at) or cluster.created_at,
-        containers=[
-            schemas.ContainerOut(
-                name=k.name,
-                role=k.role,
-                address=k.address,
-                gpus=k.gpus,
-                gpu_ids=parse_gpu_ids(k.gpu_ids),
-                state=k.state,
-                reason=k.reason,
-                pid=k.pid,
-                started_at=aware(k.started_at),
-            )
-            for k in cluster.containers
-        ],
-    )
-
-
-def check_owner(cluster: Cluster, user: User) -> None:
-    """Commands run only for the cluster's owner (an admin may see the cluster, not exec into it)."""
-    if cluster.owner_id != user.id:
-        raise Forbidden(f"only the owner of cluster {cluster.name!r} can run commands in it")
-
-
-HOST_COMMANDS_REFUSED = (
-    "this server runs the process backend, which isolates nothing; exec/terminal/jobs are refused unless "
-    "the server is started with --insecure-process-backend (or use --backend container)"
-)
-
-
-def check_host_commands(allowed: bool) -> None:
-    """Refuse running a tenant's command (exec, job, terminal) where it would run unisolated on the host
-    (the process backend, unless the server was started with --insecure-process-backend)."""
-    if not allowed:
-        raise Forbidden(HOST_COMMANDS_REFUSED)
-
-
-def rewrite_command(command: list[str], hostfile: Path, mounts: dict[str, Path]) -> list[str]:
-    """Map container paths in `command` to this machine: the hostfile and the mount targets.
-
-    A path is rewritten wherever it starts a word (also inside ``sh -c "..."`` strings or after ``=``).
-    """
-    out = []
-    for arg in command:
-        arg = arg.replace(HOSTFILE_PATH, str(hostfile))
-        for target, local in mounts.items():
-            pattern = r"(?<![\w./-])" + re.escape(target) + r"(?=/|$|[\s'\";:])"
-            arg = re.sub(pattern, str(local).replace("\\", "\\\\"), arg)
-        out.append(arg)
-    return out
-
-
-def command_for(backend: Backend, spec: ContainerSpec, command: list[str]) -> list[str]:
-    """`command` as it must be run: container paths rewritten where the backend runs it on this machine."""
-    if not backend.translates_paths:
-        return list(command)
-    hostfile = backend.container_path(spec.cluster, spec.name, HOSTFILE_PATH)
-    mounts = {m.target: backend.container_path(spec.cluster, spec.name, m.target) for m in spec.mounts}
-    return rewrite_command(command, hostfile, mounts)
+from elastrain.server.errors import Conflict, Forbidden, NotFound, checked
+from elastrain.server.exec_service import ExecService
+from elastrain.server.inventory import Inventory
+from elastrain.server.reconciler import Reconciler
+from elastrain.server.validation import check_containers, check_name, parse_mount, server_state
 
 
 @dataclass
@@ -166,8 +46,18 @@ class Services:
     allowed_mount_roots: list[Path] = field(default_factory=list)
     data_dir: Path | None = None  # no mount may expose it (`validation.check_not_protected`)
     on_change: Callable[[], None] | None = None
-    attach_env: Callable[[User, str], dict[str, str]] | None = None  # JobService.attach_env
-    host_commands_allowed: bool = True  # False: the process backend without --insecure-process-backend
+    exec_service: ExecService | None = None  # default: one on `backend` (`main` shares one with the jobs)
+    quota_defaults: quotas.Limits | None = None  # per-user limits (settings); None: the module defaults
+
+    def __post_init__(self) -> None:
+        if self.exec_service is None:
+            self.exec_service = ExecService(self.backend, self.inventory)
+
+    @property
+    def commands(self) -> ExecService:
+        """Where tenants' commands go (exec, jobs, terminals)."""
+        assert self.exec_service is not None
+        return self.exec_service
 
     # --- users -------------------------------------------------------------------------------------
     def authenticate(self, session: Session, token: str) -> User | None:
@@ -236,7 +126,9 @@ class Services:
         with self.db.session() as session:
             if cluster_by_name(session, req.name) is not None:
                 raise Conflict(f"cluster name {req.name!r} is taken; pick another name")
-            quotas.check_create(session, user, req.containers, high, req.gpus_per_container)
+            quotas.check_create(
+                session, user, req.containers, high, req.gpus_per_container, self.quota_defaults
+            )
             cluster = Cluster(
                 name=req.name,
                 uid=secrets.token_hex(8),
@@ -294,7 +186,7 @@ class Services:
                         f"containers: cluster {name!r} is elastic between {low} and {high} containers "
                         f"(got {containers}); scale within them, or recreate it with other bounds"
                     )
-            quotas.check_scale(session, user, cluster, containers)
+            quotas.check_scale(session, user, cluster, containers, self.quota_defaults)
             before = cluster.desired_containers
             cluster.desired_containers = containers
             cluster.size_reason = f"scaled by {user.name}"
@@ -382,72 +274,24 @@ class Services:
     # --- exec --------------------------------------------------------------------------------------
     def exec_stream(self, user: User, name: str, req: schemas.ExecRequest) -> Iterator[bytes]:
         """Start the command in the launcher container; returns NDJSON chunks: {"out"}... then {"exit"}."""
-        check_host_commands(self.host_commands_allowed)
         with self.db.session() as session:
-            cluster = self._get(session, user, name)
-            check_owner(cluster, user)
-            role_match = [
-                k
-                for k in cluster.containers
-                if (k.name == req.container if req.container else k.role == ContainerRole.launcher)
-            ]
-            if not role_match and req.container:  # a valid name the cluster lacks (now): not a 404
+            cluster, row = self.commands.find(session, user, name, req.container)
+            if row is None and req.container:  # a valid name the cluster lacks (now): not a 404
                 raise Conflict(
                     f"container: {req.container!r} is not a container of cluster {name!r} "
                     "(GET the cluster for its containers)"
                 )
-            if not role_match:
+            if row is None:
                 raise Conflict(f"cluster {name!r} has no launcher container yet; wait and retry")
-            row = role_match[0]
             if row.state != ContainerState.Running:
                 raise Conflict(f"container {row.name} is {row.state.value}, not Running; wait and retry")
-            spec = container_spec(cluster, row, self.inventory.real)
+            spec = self.commands.spec(cluster, row)
             add_event(
                 session, user.name, "cluster.exec", name, user.id, container=row.name, command=req.command
             )
-        command = command_for(self.backend, spec, req.command)
-        exec_id = secrets.token_hex(8)
-        env = {**spec.env, EXEC_ID_ENV: exec_id}
-        if self.attach_env is not None:  # an `elastrain run` started this way becomes a job
-            env.update(self.attach_env(user, name))
-        spec = dataclasses.replace(spec, env=env)
-        try:
-            proc = self.backend.exec(spec, command)
-        except OSError as exc:
-            raise InvalidRequest(f"cannot run {command[0]!r}: {exc.strerror}") from None
-        backend = self.backend
-
-        def stop() -> None:  # the client went away: stop the command, inside the container too
-            backend.stop_processes(spec, EXEC_ID_ENV, exec_id, proc.pid, signal.SIGTERM)
-
-        return _stream(proc, stop)
+        return self.commands.stream(user, spec, req.command)
 
     def _changed(self) -> None:
         self.reconciler.wake()
         if self.on_change is not None:
             self.on_change()
-
-
-def _stream(proc: subprocess.Popen[bytes], stop: Callable[[], None]) -> Iterator[bytes]:
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    try:
-        while True:
-            ready, _w, _x = select.select([fd], [], [], 1.0)
-            if not ready:  # a keep-alive blank line: a closed client is noticed and the command stopped
-                yield b"\n"
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            text = decoder.decode(chunk)
-            if text:
-                yield (json.dumps({"out": text}) + "\n").encode()
-        code = proc.wait()
-        yield (json.dumps({"exit": code}) + "\n").encode()
-    finally:
-        if proc.poll() is None:
-            stop()
-            proc.wait()
-        proc.stdout.close()

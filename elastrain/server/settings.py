@@ -65,7 +65,8 @@ def _env(name: str) -> str:
 
 
 class ServerSettings(BaseSettings):
-    """The resolved settings of one `elastrain server` (see the module docstring for the names)."""
+    """The resolved settings of one `elastrain server` (see the module docstring for the names), built
+    once by `load_settings`; `elastrain.server.main.serve` builds the server from them."""
 
     model_config = SettingsConfigDict(env_prefix="ELASTRAIN_", env_ignore_empty=True, extra="ignore")
 
@@ -98,11 +99,6 @@ class ServerSettings(BaseSettings):
         if isinstance(value, str):
             return [part for part in value.split(os.pathsep) if part.strip()]
         return value
-
-    def apply_to(self, args: argparse.Namespace) -> None:
-        """Write every setting onto `args` (what `run_server` and `make_backend` read)."""
-        for name in NAMES:
-            setattr(args, name, getattr(self, name))
 
 
 def host_commands_allowed(backend: str | None, insecure_process_backend: bool) -> bool:

@@ -119,9 +119,9 @@ def revoke_token(db: Database, actor: User, name: str, token_id: int) -> schemas
         return token_out(row, now)
 
 
-def user_detail(session: Session, user: User) -> schemas.UserDetailOut:
-    """The API view of a user: effective quota, per-user overrides and usage."""
-    limits, own = quotas.effective(user), quotas.overrides(user)
+def user_detail(session: Session, user: User, defaults: quotas.Limits | None = None) -> schemas.UserDetailOut:
+    """The API view of a user: effective quota (their own, else `defaults`), overrides and usage."""
+    limits, own = quotas.effective(user, defaults), quotas.overrides(user)
     used = quotas.usage_of(session, user.id)
     return schemas.UserDetailOut(
         name=user.name,
@@ -134,13 +134,18 @@ def user_detail(session: Session, user: User) -> schemas.UserDetailOut:
     )
 
 
-def get_user(db: Database, actor: User, name: str) -> schemas.UserDetailOut:
-    """User `name` with quota and usage (yourself, or anyone for an admin)."""
+def get_user(
+    db: Database, actor: User, name: str, defaults: quotas.Limits | None = None
+) -> schemas.UserDetailOut:
+    """User `name` with quota and usage (yourself, or anyone for an admin); `defaults`: the server's
+    per-user limits."""
     with db.session() as session:
-        return user_detail(session, _target(session, actor, name))
+        return user_detail(session, _target(session, actor, name), defaults)
 
 
-def update_user(db: Database, actor: User, name: str, req: schemas.UserPatch) -> schemas.UserDetailOut:
+def update_user(
+    db: Database, actor: User, name: str, req: schemas.UserPatch, defaults: quotas.Limits | None = None
+) -> schemas.UserDetailOut:
     """Set user `name`'s quota (admins only): the fields sent change, null means the server default."""
     with db.session() as session:
         target = _target(session, actor, name)
@@ -152,4 +157,4 @@ def update_user(db: Database, actor: User, name: str, req: schemas.UserPatch) ->
         if changed:
             add_event(session, actor.name, "user.quota_changed", owner_id=target.id, user=name, **changed)
         session.flush()
-        return user_detail(session, target)
+        return user_detail(session, target, defaults)

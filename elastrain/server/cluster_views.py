@@ -1,0 +1,67 @@
+"""The API view of a cluster row (`cluster_out`) and the launch hint each framework's clusters show."""
+
+from __future__ import annotations
+
+import json
+
+from elastrain.db.models import Cluster, Framework
+from elastrain.server import schemas
+from elastrain.server.inventory import parse_gpu_ids
+from elastrain.server.reconciler import aware
+from elastrain.server.validation import format_size
+
+_HOSTFILE = "--hostfile /etc/mpi/hostfile"
+_EXAMPLES = "/opt/elastrain/examples"
+# the command a user of each framework types in the launcher (the framework's own launcher, for real)
+LAUNCH_HINTS = {
+    Framework.horovod: f"horovodrun -np 2 {_HOSTFILE} python {_EXAMPLES}/horovod_mnist_elastic.py",
+    Framework.deepspeed: (
+        f"deepspeed {_HOSTFILE} {_EXAMPLES}/deepspeed_train.py --deepspeed_config {_EXAMPLES}/ds_zero2.json"
+    ),
+    # megatron-core's GPT at tensor parallel 2 x data parallel (processes / 2), on CPU through its shim
+    Framework.megatron: f"elastrain run --mode restart {_HOSTFILE} python {_EXAMPLES}/megatron_gpt.py",
+    Framework.pytorch: f"elastrain run {_HOSTFILE} python {_EXAMPLES}/mnist_elastic.py   # or torchrun",
+    Framework.slurm: "sinfo; sbatch -N 2 job.sh   # or: salloc -N 2 elastrain run --slurm python train.py",
+}
+
+
+def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
+    """The API view of a cluster row."""
+    mounts = json.loads(cluster.mounts or "[]")
+    return schemas.ClusterOut(
+        name=cluster.name,
+        owner=cluster.owner.name,
+        framework=cluster.framework,
+        state=cluster.state,
+        reason=cluster.reason,
+        desired_containers=cluster.desired_containers,
+        gpus_per_container=cluster.gpus_per_container,
+        shm=format_size(cluster.shm_bytes),
+        shm_bytes=cluster.shm_bytes,
+        image=cluster.image,
+        memory=format_size(cluster.memory_bytes) if cluster.memory_bytes else "",
+        cpus=cluster.cpus or 0.0,
+        mounts=[f"{m['source']}:{m['target']}" for m in mounts],
+        restart_policy=cluster.restart_policy,
+        hostfile_generation=cluster.hostfile_generation,
+        launch_hint=LAUNCH_HINTS[cluster.framework],
+        min_containers=cluster.min_containers or cluster.desired_containers,
+        max_containers=cluster.max_containers or cluster.desired_containers,
+        priority=cluster.priority or 0,
+        size_reason=cluster.size_reason or "",
+        created_at=aware(cluster.created_at) or cluster.created_at,
+        containers=[
+            schemas.ContainerOut(
+                name=k.name,
+                role=k.role,
+                address=k.address,
+                gpus=k.gpus,
+                gpu_ids=parse_gpu_ids(k.gpu_ids),
+                state=k.state,
+                reason=k.reason,
+                pid=k.pid,
+                started_at=aware(k.started_at),
+            )
+            for k in cluster.containers
+        ],
+    )
