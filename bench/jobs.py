@@ -11,7 +11,6 @@ node, kill -9 the newest node's worker, gracefully remove the newest node, stop.
 from __future__ import annotations
 
 import abc
-import json
 import os
 import signal
 import sys
@@ -20,8 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proclib import Job, free_port, kill_pids
+from proclib import Job
 from steplog import LogReader
+
+from elastrain.testing.jobs import read_jsonl
+from elastrain.testing.ports import free_port
+from elastrain.testing.processes import kill_pids
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -299,18 +302,3 @@ class StaticElastrain(TrainingJob):
 
     def scale_in(self) -> float:
         raise NotImplementedError("a static job does not resize")
-
-
-def read_jsonl(path: Path, **match: Any) -> list[dict[str, Any]]:
-    """The JSON lines of `path` whose fields equal `match` (a missing file reads as empty)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if all(record.get(k) == v for k, v in match.items()):
-            out.append(record)
-    return out

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs import ElastrainJob, Timeouts, TrainingJob
-from proclib import wait_for
 from steplog import LogReader, event_figures, first_step_of, steady_step_time
+
+from elastrain.testing.waits import poll
 
 START_WORLD = {"failure": 3, "scale_in": 3, "scale_out": 2}
 EVENTS = ("failure", "scale_in", "scale_out")
@@ -43,9 +44,7 @@ def measure_steady(job: TrainingJob, plan: Plan, repeat: int) -> dict[str, Any]:
     try:
         job.start(2)
         timeout = plan.timeouts.start_s + need * 0.5
-        done = wait_for(
-            lambda: job.reader.poll().max_step() >= need, timeout, 0.5, abort=lambda: not job.alive()
-        )
+        done = poll(lambda: job.reader.poll().max_step() >= need, timeout, 0.5, abort=lambda: not job.alive())
         if not done:
             record["status"] = _status(job)
             record["note"] = f"did not reach step {need} within {timeout:.0f}s"
@@ -82,7 +81,7 @@ def _wait_new_steps(
     def give_up() -> bool:
         return not job.alive() or (stuck_s is not None and bool(_stuck(job.reader, t, stuck_s)))
 
-    return wait_for(done, timeout_s, 0.1, abort=give_up)
+    return poll(done, timeout_s, 0.1, abort=give_up)
 
 
 def _stuck(reader: LogReader, t_event: float, stuck_s: float) -> list[dict[str, Any]]:
@@ -106,7 +105,7 @@ def _stuck(reader: LogReader, t_event: float, stuck_s: float) -> list[dict[str, 
 def _wait_phase(job: TrainingJob, plan: Plan) -> None:
     """Wait until the job is half-way between two checkpoints (the expected loss of a random event)."""
     half = plan.checkpoint_every // 2
-    wait_for(
+    poll(
         lambda: _current_step(job.reader.poll()) % plan.checkpoint_every >= half,
         plan.checkpoint_every * job.reader.step_time() * 3 + 5,
         0.05,

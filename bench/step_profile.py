@@ -273,7 +273,9 @@ def report_interleaved(blocks: list[dict[str, float]]) -> str:
 
 def run_variant(variant: str, args: argparse.Namespace, work: Path, tag: str) -> dict[str, Any]:
     """Launch one variant at world 2 under its real launcher; rank 0's medians."""
-    from proclib import Job, wait_for
+    from proclib import Job
+
+    from elastrain.testing.waits import poll
 
     out = work / f"{tag}.json"
     job = Job(f"sp{int(time.time())}", tag, work / tag)
@@ -297,7 +299,7 @@ def run_variant(variant: str, args: argparse.Namespace, work: Path, tag: str) ->
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *me]
     try:
         job.start("launcher", argv, cwd=Path(__file__).resolve().parent)
-        if not wait_for(out.exists, args.timeout, 0.2, abort=lambda: not job.alive()) or not out.exists():
+        if not poll(out.exists, args.timeout, 0.2, abort=lambda: not job.alive()) or not out.exists():
             raise SystemExit(f"{variant} produced no result; see {work / tag / 'launcher.out'}")
         job.wait_exit(30)
     finally:

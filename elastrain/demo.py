@@ -7,21 +7,19 @@ job has reached each stage, then prints the report built from the workers' own l
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from elastrain.chaos.job import JobWatcher
 from elastrain.errors import ConfigError
 from elastrain.hostfile import Host, write_hostfile
 from elastrain.report import build_report, format_report
+from elastrain.testing.faults import kill_member
+from elastrain.testing.jobs import EXAMPLE, TRAIN_SAMPLES, JobWatcher
+from elastrain.testing.processes import terminate
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_elastic.py"
 HOSTS = [f"127.0.0.{i}" for i in range(2, 6)]
-TRAIN_SAMPLES = 10_000
 
 
 def _say(text: str) -> None:
@@ -72,15 +70,14 @@ def run_demo(json_path: Path | None, epochs: int = 8, workdir: Path | None = Non
         gen4 = watcher.wait_world(4, 60)
         victim = next(m for m in gen4["members"] if m["host"] == HOSTS[3])
         _say(f"kill -9 worker {victim['worker_id']} (pid {victim['pid']})")
-        os.kill(victim["pid"], signal.SIGKILL)
+        kill_member(victim)
         watcher.wait_world(3, 60)
         _say("rewriting the hostfile: 4 -> 2 hosts (graceful scale-in)")
         write_hostfile(hostfile, [Host(h, 1) for h in HOSTS[:2]], generation=3)
         watcher.wait_world(2, 1)
         code = proc.wait(timeout=600)
     except BaseException:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        terminate(proc, timeout=30, group=True)
         raise
     report = build_report(ledger, TRAIN_SAMPLES)
     if result.exists():

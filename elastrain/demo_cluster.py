@@ -12,9 +12,7 @@ cannot run containers it runs the same flow on the process backend and says so.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,14 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from elastrain.backends.podmanctl import podman, podman_works
-from elastrain.chaos.control_plane import ServerProcess, free_port, wait_until
-from elastrain.chaos.job import JobWatcher
 from elastrain.client import Client
 from elastrain.errors import ConfigError
 from elastrain.report import build_report, format_report
+from elastrain.testing.faults import kill_member
+from elastrain.testing.jobs import EXAMPLE, TRAIN_SAMPLES, JobWatcher
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.waits import wait_until
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-TRAIN_SAMPLES = 10_000
+EXAMPLES = EXAMPLE.parent
 
 
 def _say(text: str) -> None:
@@ -73,7 +72,13 @@ def run_cluster_demo(json_path: Path | None, epochs: int = 6, workdir: Path | No
     else:
         _say("podman cannot run containers here: the process backend (no isolation) runs the flow")
     backend = "container" if containers else "process"
-    server = ServerProcess(work / "server", free_port(), ("--allow-mount", str(mounts)), backend=backend)
+    server = ControlPlane(
+        work / "server",
+        extra_args=("--allow-mount", str(mounts)),
+        backend=backend,
+        mounts=False,
+        drain_seconds=None,
+    )
     try:
         _say(f"starting elastrain server at {server.url}")
         server.start()
@@ -125,7 +130,7 @@ def _flow(
     _say("cluster scale tthvd --containers 4 (while the job trains)")
     t0 = time.monotonic()
     c.scale_cluster("tthvd", 4)
-    wait_until("4 hosts in the hostfile", lambda: c.hostfile("tthvd").count("slots=") == 4, 60)
+    wait_until(lambda: c.hostfile("tthvd").count("slots=") == 4, 60, "4 hosts in the hostfile", interval=0.1)
     timings["scale 2->4 -> hostfile updated"] = time.monotonic() - t0
     generation = watcher.wait_world(4, 20)
     timings["scale 2->4 -> job trains with 4"] = time.monotonic() - t0
@@ -140,16 +145,19 @@ def _flow(
         podman("kill", name)
     else:
         _say(f"kill -9 worker {victim['worker_id']} (pid {victim['pid']})")
-        os.kill(victim["pid"], signal.SIGKILL)
+        kill_member(victim)
     watcher.wait_world(3, 20)
     _say("cluster scale tthvd --containers 2 (graceful scale-in)")
     t0 = time.monotonic()
     c.scale_cluster("tthvd", 2)
     watcher.wait_world(2, 1)
-    wait_until("2 containers", lambda: len(c.get_cluster("tthvd").containers) == 2, 60)
+    wait_until(lambda: len(c.get_cluster("tthvd").containers) == 2, 60, "2 containers", interval=0.1)
     timings["scale 4->2 -> containers removed after their workers left"] = time.monotonic() - t0
     done = wait_until(
-        "the job to finish", lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 900
+        lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j,
+        900,
+        "the job to finish",
+        interval=0.1,
     )
     _say(f"job {done['status']} (exit {done['exit_code']}); cluster delete tthvd")
     c.delete_cluster("tthvd")

@@ -25,29 +25,10 @@ OUTPUT = REPO / "docs" / "openapi.json"
 
 
 def build_app(root: Path) -> Any:
-    """`create_app` wired to real services on `root` (no reconciler thread, no API relay)."""
-    from elastrain.backends.local import LocalBackend
-    from elastrain.db.session import Database
-    from elastrain.server.app import create_app
-    from elastrain.server.inventory import Inventory
-    from elastrain.server.jobs import JobService
-    from elastrain.server.main import bootstrap_admin
-    from elastrain.server.membership import JobMembership
-    from elastrain.server.reconciler import Reconciler
-    from elastrain.server.services import Services
+    """`create_app` wired to real services on `root` (the test harness's in-process app)."""
+    from elastrain.testing.app import make_app
 
-    data = root / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    db = Database(f"sqlite:///{data / 'elastrain.db'}")
-    db.migrate()
-    bootstrap_admin(db, data)
-    backend = LocalBackend(data)
-    inventory = Inventory.create(0, str(data))
-    membership = JobMembership()
-    reconciler = Reconciler(db, backend, inventory, membership=membership)
-    services = Services(db, backend, inventory, reconciler, allowed_mount_roots=[root])
-    jobs = JobService(db, backend, inventory, report_url="http://127.0.0.1:9", membership=membership)
-    return create_app(services, jobs)
+    return make_app(root).app
 
 
 def served_document() -> dict[str, Any]:

@@ -7,19 +7,28 @@ parameters equal a fault-free run's (float64, plain SGD, the `fixed` batch polic
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from elastrain.backends.procs import pid_alive
-from elastrain.chaos.job import EXAMPLE, ElasticJob, LedgerRecords, hosts
 from elastrain.chaos.netns import NetHosts, NetnsUnavailable
-from elastrain.chaos.scenarios import Fault, FaultKind, Scenario
+from elastrain.chaos.scenarios import Scenario
 from elastrain.hostfile import Host
+from elastrain.testing.faults import (
+    Fault,
+    FaultKind,
+    agent_pid,
+    current_members,
+    kill_member,
+    stop_until_dropped,
+    truncate_checkpoint,
+    wait_dropped,
+)
+from elastrain.testing.jobs import EXAMPLE, ElasticJob, LedgerRecords, hosts
+from elastrain.testing.ports import free_port_pair
+from elastrain.testing.processes import kill_pids, wait_gone
 
 EPOCHS = 3
 TRAINING = ("--dtype", "float64", "--optimizer", "sgd", "--lr", "0.05")
@@ -48,28 +57,6 @@ def example_command(
 def _committed_steps(job: ElasticJob) -> int:
     gens = job.watcher.generations()
     return job.watcher.commits_in(gens[-1]["generation"]) if gens else 0
-
-
-def _kill(pids: set[int] | list[int], sig: int = signal.SIGKILL) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def _free_port() -> int:
-    """A free port whose successor is free too (the coordinator port and the store port after it)."""
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two free adjacent ports")
 
 
 def _adopted(job: ElasticJob) -> bool:
@@ -152,7 +139,7 @@ class ChaosRunner:
             self._mount_small_disk(work / "ckpt")
         if scenario.checkpoints:
             args += ["--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", "20"]
-        port = _free_port()
+        port = free_port_pair()
         args += ["--coordinator-port", str(port)]
         env = {"ELASTRAIN_JOB_TOKEN": f"chaos-{scenario.name}-{port}"}
         slow = work / "slow"
@@ -168,7 +155,7 @@ class ChaosRunner:
         if scenario.restart:
             job.wait(timeout=60)
             if not scenario.restart_args:  # nobody adopts the workers: wait for them to give up
-                self._wait_gone(job.known_pids() - {job.proc.pid}, timeout=120)
+                wait_gone(job.known_pids() - {job.proc.pid}, timeout=120, interval=0.2)
             again = [*args, *scenario.restart_args]
             self.say(
                 f"{scenario.name}: starting again ({' '.join(scenario.restart_args) or '--resume auto'})"
@@ -195,12 +182,6 @@ class ChaosRunner:
             self._net = None
 
     @staticmethod
-    def _wait_gone(pids: set[int], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-    @staticmethod
     def _mount_small_disk(path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(
@@ -224,55 +205,39 @@ class ChaosRunner:
         if fault.kind == FaultKind.CORRUPT_CHECKPOINT:
             from elastrain.runtime.checkpoint import list_checkpoints
 
-            newest = list_checkpoints(work / "ckpt")[0]
-            state = newest / "state.pt"
-            state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+            state = truncate_checkpoint(list_checkpoints(work / "ckpt")[0])
             self.say(f"truncated {state}")
             return time.time()
         job.watcher.wait(f"{fault.at_step} steps", lambda: _committed_steps(job) >= fault.at_step)
-        members = job.watcher.generations()[-1]["members"]
-        victim = members[fault.target]
+        victim = current_members(job.watcher)[fault.target]
         now = time.time()
         if fault.kind == FaultKind.KILL_WORKER:
             self.say(f"kill -9 worker {victim['worker_id']} (pid {victim['pid']})")
-            _kill([victim["pid"]])
+            kill_member(victim)
         elif fault.kind == FaultKind.STOP_WORKER:
             self.say(f"SIGSTOP worker {victim['worker_id']} (pid {victim['pid']})")
-            _kill([victim["pid"]], signal.SIGSTOP)
-            try:
-                self._wait_dropped(job, victim)
-            finally:
-                _kill([victim["pid"]], signal.SIGCONT)
+            stop_until_dropped(job.watcher, victim)
         elif fault.kind == FaultKind.PARTITION_HOST:
             assert self._net is not None, "partition-host needs a scenario with netns=True"
             index = self._net.index(victim["host"])
             self.say(f"partition host {victim['host']} (bridge port {self._net.port(index)} down)")
             self._net.partition(index)
             try:
-                self._wait_dropped(job, victim)
+                wait_dropped(job.watcher, victim)
             finally:
                 self._net.heal(index)
             self.say(f"host {victim['host']} reconnected")
         elif fault.kind == FaultKind.KILL_AGENT:
-            agents = {e["host"]: e["pid"] for e in job.events() if e.get("event") == "agent"}
-            self.say(f"kill -9 the agent of {victim['host']} (pid {agents[victim['host']]})")
-            _kill([agents[victim["host"]]])
+            agent = agent_pid(job, victim["host"])
+            self.say(f"kill -9 the agent of {victim['host']} (pid {agent})")
+            kill_pids([agent])
         elif fault.kind == FaultKind.KILL_COORDINATOR:
             self.say(f"kill -9 the launcher/coordinator (pid {job.proc.pid})")
-            _kill([job.proc.pid])
+            kill_pids([job.proc.pid])
         elif fault.kind == FaultKind.KILL_ALL:
             self.say("kill -9 the launcher, every agent and every worker")
-            _kill(job.known_pids())
+            kill_pids(job.known_pids())
         return now
-
-    @staticmethod
-    def _wait_dropped(job: ElasticJob, victim: dict[str, Any]) -> None:
-        job.watcher.wait(
-            f"worker {victim['worker_id']} to be dropped",
-            lambda: (
-                victim["worker_id"] not in {m["worker_id"] for m in job.watcher.generations()[-1]["members"]}
-            ),
-        )
 
     def judge(
         self,

@@ -1,34 +1,13 @@
-"""Fault schedules as data: which fault, at which committed step, against which member."""
+"""The chaos scenarios: a job shape and its fault schedule (faults as data: `elastrain.testing.faults`)."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from elastrain.errors import ConfigError
+from elastrain.testing.faults import Fault, FaultKind
 
-
-class FaultKind(str, enum.Enum):
-    """What to do to the job."""
-
-    KILL_WORKER = "kill-worker"  # SIGKILL one worker process
-    STOP_WORKER = "stop-worker"  # SIGSTOP one worker until it is dropped, then SIGCONT
-    KILL_AGENT = "kill-agent"  # SIGKILL the agent of one host (its workers die with it)
-    KILL_COORDINATOR = "kill-coordinator"  # SIGKILL the launcher (coordinator); everything under it dies
-    KILL_ALL = "kill-all"  # SIGKILL the launcher, every agent and every worker
-    CORRUPT_CHECKPOINT = "corrupt-checkpoint"  # truncate the newest durable checkpoint
-    FILL_DISK = "fill-disk"  # fill the checkpoint file system (a small tmpfs) to the last byte
-    PARTITION_HOST = "partition-host"  # cut one host off the network until it is dropped, then reconnect
-    KILL_SERVER = "kill-server"  # SIGKILL the control-plane server (and a worker while it is down)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault: `kind` once `at_step` steps are committed; `target` indexes the generation's members."""
-
-    kind: FaultKind
-    at_step: int = 0
-    target: int = -1
+__all__ = ["SCENARIOS", "Fault", "FaultKind", "Scenario", "parse_scenarios"]
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,26 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elastrain.chaos.job import ElasticJob
 from elastrain.chaos.runner import TOLERANCE
-from elastrain.chaos.scenarios import FaultKind, Scenario
+from elastrain.chaos.scenarios import Scenario
 from elastrain.hostfile import Host
 from elastrain.report import load_ledgers
+from elastrain.testing.faults import (
+    FaultKind,
+    agent_pid,
+    current_members,
+    kill_member,
+    stop_until_dropped,
+    truncate_checkpoint,
+)
+from elastrain.testing.jobs import ElasticJob
+from elastrain.testing.ports import free_port_pair
+from elastrain.testing.processes import kill_pids, wait_gone
 
 if TYPE_CHECKING:
     from elastrain.chaos.runner import ChaosRunner
@@ -142,13 +151,8 @@ class Soak:
         target = watcher.committed() + gap
         watcher.wait(what, lambda: watcher.committed() >= target)
 
-    def _members(self) -> list[dict[str, Any]]:
-        return list(self.job.watcher.generations()[-1]["members"])
-
     def _inject(self, fault: SoakFault) -> str:
-        from elastrain.chaos.runner import _kill
-
-        members = self._members()
+        members = current_members(self.job.watcher)
         victim = members[fault.target % len(members)]
         if (
             fault.kind in (FaultKind.KILL_WORKER, FaultKind.STOP_WORKER, FaultKind.KILL_AGENT)
@@ -156,40 +160,34 @@ class Soak:
         ):
             fault = SoakFault(FaultKind.KILL_ALL, fault.gap, fault.target)  # no survivor would keep the state
         if fault.kind == FaultKind.KILL_WORKER:
-            _kill([victim["pid"]])
+            kill_member(victim)
             self._drop_host(victim["host"])
             return f"kill -9 worker {victim['worker_id']}"
         if fault.kind == FaultKind.STOP_WORKER:
-            _kill([victim["pid"]], signal.SIGSTOP)
-            try:
-                self.runner._wait_dropped(self.job, victim)
-            finally:
-                _kill([victim["pid"]], signal.SIGCONT)
+            stop_until_dropped(self.job.watcher, victim)
             return f"SIGSTOP worker {victim['worker_id']} until dropped"
         if fault.kind == FaultKind.KILL_AGENT:
-            agents = {e["host"]: e["pid"] for e in self.job.events() if e.get("event") == "agent"}
-            _kill([agents[victim["host"]]])
+            kill_pids([agent_pid(self.job, victim["host"])])
             self._drop_host(victim["host"])
             return f"kill -9 the agent of {victim['host']}"
         if fault.kind == FaultKind.KILL_COORDINATOR:
-            _kill([self.job.proc.pid])
+            kill_pids([self.job.proc.pid])
             self.job.proc.wait(timeout=30)
             self.start(self.command, ("--rejoin",))
             return "kill -9 the launcher; a --rejoin launcher adopts the job"
         launchers = {j.proc.pid for j in self.jobs}
         everything = {p for j in self.jobs for p in j.known_pids()}
-        _kill(everything)
+        kill_pids(everything)
         for job in self.jobs:
             job.proc.wait(timeout=30)  # reap the launchers (a zombie would look alive)
-        self.runner._wait_gone(everything - launchers, timeout=60)
+        wait_gone(everything - launchers, timeout=60, interval=0.2)
         note = ""
         if fault.kind == FaultKind.CORRUPT_CHECKPOINT:
             from elastrain.runtime.checkpoint import list_checkpoints
 
             found = list_checkpoints(self.work / "ckpt")
             if found:
-                state = found[0] / "state.pt"
-                state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+                truncate_checkpoint(found[0])
                 note = f", truncated {found[0].name}"
         self.start(self.command)
         return f"kill -9 everything{note}; restarted with --resume auto"
@@ -231,7 +229,7 @@ class Soak:
 
 def run_soak(runner: ChaosRunner, faults: int, seed: int) -> dict[str, Any]:
     """The `soak` scenario: the seeded schedule, one long job, the usual checks, per-cause figures."""
-    from elastrain.chaos.runner import _free_port, example_command
+    from elastrain.chaos.runner import example_command
 
     plan = schedule(faults, seed)
     runner.epochs = epochs_for(plan)
@@ -249,7 +247,7 @@ def run_soak(runner: ChaosRunner, faults: int, seed: int) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
         command = example_command(params, sleep=0.1, slow_while=work / "slow", epochs=runner.epochs)
-        code, done = soak.run(command, _free_port())
+        code, done = soak.run(command, free_port_pair())
         scenario = Scenario("soak", WORLD, RUN_ARGS, (), restart=True)
         result = runner.judge(scenario, soak.job, code, time.time(), reference, params, tolerance)
         other = other_batches(soak.job.ledger, runner.workdir / "reference" / "ledger")

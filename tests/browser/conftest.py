@@ -8,18 +8,17 @@ the reason (`make portal-deps` installs both). The server is the integration tes
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.containers import ContainerPlane, container_plane, image  # noqa: F401 - `image`: a fixture
-from tests.integration.test_control_plane import ControlPlane
+from elastrain.testing.containers import ContainerPlane, container_plane
+from elastrain.testing.processes import kill_pids
+from elastrain.testing.server import ControlPlane
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -83,10 +82,7 @@ def browser() -> Iterator[Any]:
             finally:
                 chromium.close()
     finally:
-        for pid in set(_descendants(os.getpid())) - before:
-            if _is_browser_process(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        kill_pids(p for p in set(_descendants(os.getpid())) - before if _is_browser_process(p))
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +100,7 @@ def server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
 @pytest.fixture(scope="module")
 def container_server(
     browser: Any,
-    image: str,  # noqa: F811 - the fixture imported above (builds the pytorch image once)
+    image: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ContainerPlane]:
     """A control plane on the container backend (podman; 8 fake GPU device nodes) for the module's

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from elastrain.testing.server import ControlPlane
 from tests.browser.conftest import sign_in
-from tests.integration.test_control_plane import ControlPlane
 
 
 def test_one_submit_marks_every_bad_field(server: ControlPlane, page: Any, shot: Callable[..., Path]) -> None:

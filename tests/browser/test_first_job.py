@@ -22,9 +22,11 @@ import httpx
 import pytest
 
 from elastrain.examples import first_job_command
+from elastrain.testing.clusters import all_running
+from elastrain.testing.containers import ContainerPlane
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.waits import wait_until
 from tests.browser.conftest import sign_in
-from tests.integration.containers import ContainerPlane
-from tests.integration.test_control_plane import ControlPlane, all_running, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -66,8 +68,8 @@ def submit_the_prefilled_job(
             page.goto(f"{plane.url}/clusters/{name}")
             box = page.get_by_label("Command")
             expected = first_job_command(2)
-            wait_for(lambda: box.input_value() == expected, 30, f"{expected!r} in the job box")
-            wait_for(lambda: all_running(plane.client().get_cluster(name)), 120, "2 Running containers")
+            wait_until(lambda: box.input_value() == expected, 30, f"{expected!r} in the job box")
+            wait_until(lambda: all_running(plane.client().get_cluster(name)), 120, "2 Running containers")
             timings["create -> 2 Running"] = time.monotonic() - t0
             shot(page, f"first-job-{label}-cluster")
 
@@ -78,7 +80,7 @@ def submit_the_prefilled_job(
             job = _job(api, job_id)
             assert job["command"] == expected.split(), job  # submitted exactly as it stood
 
-            running = wait_for(
+            running = wait_until(
                 lambda: (j := _job(api, job_id))["status"] == "Running" and (j.get("step") or 0) > 0 and j,
                 120,
                 "the job Running with steps",
@@ -86,7 +88,9 @@ def submit_the_prefilled_job(
             timings["submit -> Running with steps"] = time.monotonic() - t0
             assert running["world_size"] in (None, 2), running
             page.locator("#job-status").filter(has_text="Running").wait_for()
-            done = wait_for(lambda: (j := _job(api, job_id))["status"] == "Succeeded" and j, 120, "Succeeded")
+            done = wait_until(
+                lambda: (j := _job(api, job_id))["status"] == "Succeeded" and j, 120, "Succeeded"
+            )
             timings["submit -> Succeeded"] = time.monotonic() - t0
             assert done["exit_code"] == 0 and done["step"] >= running["step"], done
             log = api.get(f"/api/v1/jobs/{job_id}/logs").text
@@ -115,11 +119,11 @@ def test_the_suggestion_follows_the_size_until_edited(
         sign_in(page, server.url, server.token)
         page.goto(f"{server.url}/clusters/gp")
         box = page.get_by_label("Command")
-        wait_for(lambda: box.input_value() == first_job_command(2, 2), 30, "-np 4: 2 containers x 2 GPUs")
+        wait_until(lambda: box.input_value() == first_job_command(2, 2), 30, "-np 4: 2 containers x 2 GPUs")
         assert "-np 4 " in box.input_value()
 
         assert api.patch("/api/v1/clusters/gp", json={"containers": 3}).status_code == 200
-        wait_for(lambda: box.input_value() == first_job_command(3, 2), 30, "-np 6 after scaling to 3")
+        wait_until(lambda: box.input_value() == first_job_command(3, 2), 30, "-np 6 after scaling to 3")
 
         box.fill("echo my own command")
         assert api.patch("/api/v1/clusters/gp", json={"containers": 2}).status_code == 200

@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from elastrain.testing.jobs import REPO
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.waits import wait_until
 from tests.browser.conftest import PHONE, sign_in
-from tests.integration.test_control_plane import REPO, ControlPlane, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -78,7 +80,7 @@ def test_create_scale_job_terminal_delete(
     # The cluster page: containers go Pending -> Running without a reload.
     page.wait_for_url(f"{server.url}/clusters/tthvd")
     page.evaluate("window.__noReload = true")
-    wait_for(lambda: _containers(page, "Running").count() == 2, 30, "2 Running containers")
+    wait_until(lambda: _containers(page, "Running").count() == 2, 30, "2 Running containers")
     assert page.evaluate("window.__noReload") is True
     roles = page.locator("#containers-body tr td[data-label=Role]").all_inner_texts()
     assert roles == ["launcher", "worker"]
@@ -115,7 +117,7 @@ def test_create_scale_job_terminal_delete(
     page.wait_for_url(job_url)
     page.locator("#job-log").filter(has_text="formed: 2 workers").wait_for()
     summary = page.locator("#job-summary")
-    wait_for(lambda: re.search(r"World size\s+2", summary.inner_text()), 60, "world size 2 on the job page")
+    wait_until(lambda: re.search(r"World size\s+2", summary.inner_text()), 60, "world size 2 on the job page")
     page.locator("#chart-world canvas").wait_for()
     shot(page, "06-job-world-2")
 
@@ -128,14 +130,14 @@ def test_create_scale_job_terminal_delete(
     panel.get_by_label("Container count").fill("4")
     shot(page, "07-scale-panel")
     panel.get_by_role("button", name="Confirm").click()
-    wait_for(lambda: row.locator(".containers").inner_text() == "4/4", 30, "4/4 containers in the list")
+    wait_until(lambda: row.locator(".containers").inner_text() == "4/4", 30, "4/4 containers in the list")
     assert row.locator("td[data-label=GPUs]").inner_text() == "4"
     shot(page, "08-clusters-scaled")
 
     page.get_by_role("link", name="tthvd").click()
-    wait_for(lambda: _containers(page, "Running").count() == 4, 30, "4 Running containers")
+    wait_until(lambda: _containers(page, "Running").count() == 4, 30, "4 Running containers")
     hostfile = page.locator("#hostfile")
-    wait_for(lambda: hostfile.inner_text().count("slots=1") == 4, 20, "4 hosts in the hostfile")
+    wait_until(lambda: hostfile.inner_text().count("slots=1") == 4, 20, "4 hosts in the hostfile")
     generation = page.locator("#hostfile-generation").inner_text()
     found_generation = re.search(r"\d+", generation)
     assert found_generation and int(found_generation.group()) >= 2, generation
@@ -158,7 +160,7 @@ def test_create_scale_job_terminal_delete(
         tab = phone.new_page()
         sign_in(tab, server.url, server.token)
         tab.goto(f"{server.url}/clusters/tthvd")
-        wait_for(lambda: _containers(tab, "Running").count() == 4, 20, "4 Running on the phone")
+        wait_until(lambda: _containers(tab, "Running").count() == 4, 20, "4 Running on the phone")
         width = tab.evaluate("document.documentElement.scrollWidth")
         assert width <= PHONE["width"], f"the page scrolls sideways on a phone ({width}px)"
         shot(tab, "11-cluster-phone")

@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.test_control_plane import ControlPlane, all_running, wait_for
+from elastrain.testing.clusters import all_running
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 PORTAL = Path(__file__).resolve().parents[2] / "elastrain" / "portal"
@@ -55,8 +57,8 @@ def test_job_metrics_are_the_owners_only(plane: ControlPlane) -> None:
         def rows() -> list[dict[str, object]]:
             return list(httpx.get(url, headers=headers).json())
 
-        wait_for(lambda: c.get_job(job["id"])["status"] != "Running", 20, "the job to end")
-        got = wait_for(rows, 20, "a metrics row")
+        wait_until(lambda: c.get_job(job["id"])["status"] != "Running", 20, "the job to end")
+        got = wait_until(rows, 20, "a metrics row")
         assert got[0]["step"] == 3 and got[0]["world_size"] == 1 and got[0]["loss"] == 0.5
         assert httpx.get(url, params={"after": got[-1]["id"]}, headers=headers).json() == []
         assert httpx.get(url).status_code == 401

@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
+from elastrain.testing.containers import ContainerPlane, server_containers
+from elastrain.testing.jobs import REPO
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.waits import wait_until
 from tests.browser.conftest import sign_in
-from tests.integration.containers import ContainerPlane, server_containers
-from tests.integration.test_control_plane import REPO, ControlPlane, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -57,7 +59,7 @@ def test_seed_flow_on_containers(
     page.wait_for_url(f"{server.url}/clusters/new")
     select = page.get_by_label("Image")
     options = select.locator("option")
-    wait_for(lambda: options.count() > 1, 20, "the image list in the select")
+    wait_until(lambda: options.count() > 1, 20, "the image list in the select")
     texts = options.all_inner_texts()
     assert texts[0] == "default image of the framework" and select.input_value() == ""
     pytorch = [t for t in texts if t.startswith("localhost/elastrain-pytorch")]
@@ -87,7 +89,7 @@ def test_seed_flow_on_containers(
     shot(page, "containers-create")
     page.get_by_role("button", name="Submit").click()
     page.wait_for_url(f"{server.url}/clusters/seed")
-    wait_for(lambda: _running(page) == 2, 120, "2 Running containers")
+    wait_until(lambda: _running(page) == 2, 120, "2 Running containers")
     page.locator("#cluster-summary").filter(has_text="localhost/elastrain-pytorch").wait_for()
     roles = page.locator("#containers-body tr td[data-label=Role]").all_inner_texts()
     assert roles == ["launcher", "worker"]
@@ -99,13 +101,13 @@ def test_seed_flow_on_containers(
     page.wait_for_url(f"{server.url}/clusters/seed/terminal")
     page.get_by_text("Connected to the launcher container.").wait_for()
     rows = page.locator(".xterm-rows")
-    wait_for(lambda: re.search(r"[$#]\s*$", rows.inner_text(), re.M), 30, "the shell's prompt")
+    wait_until(lambda: re.search(r"[$#]\s*$", rows.inner_text(), re.M), 30, "the shell's prompt")
     page.locator(".xterm").click()
     page.keyboard.type("cat /etc/mpi/hostfile\n")
     rows.filter(has_text="seed-launcher slots=1").wait_for()
     rows.filter(has_text="seed-worker-0 slots=1").wait_for()
     page.keyboard.type("id -u\n")
-    uid = wait_for(lambda: re.search(r"^(\d+)\s*$", rows.inner_text(), re.M), 20, "the output of id -u")
+    uid = wait_until(lambda: re.search(r"^(\d+)\s*$", rows.inner_text(), re.M), 20, "the output of id -u")
     assert int(uid.group(1)) >= 20000, rows.inner_text()  # the tenant's uid, not root
 
     # 3. The seed's elastic job, typed in the terminal, registers itself as a job of the cluster.
@@ -120,7 +122,7 @@ def test_seed_flow_on_containers(
     page.goto(f"{server.url}/clusters/seed")
     job_row = page.locator(f"#jobs-body tr[data-job='{job_id}']")
     job_row.wait_for()
-    wait_for(
+    wait_until(
         lambda: job_row.locator("td[data-label='World size']").inner_text() == "2",
         120,
         "the job training with world size 2 in the cluster's job list",
@@ -132,13 +134,13 @@ def test_seed_flow_on_containers(
     panel = page.get_by_role("dialog", name="Scale containers")
     panel.get_by_label("Container count").fill("4")
     panel.get_by_role("button", name="Confirm").click()
-    wait_for(lambda: _running(page) == 4, 120, "4 Running containers")
+    wait_until(lambda: _running(page) == 4, 120, "4 Running containers")
     hostfile = page.locator("#hostfile")
-    wait_for(lambda: hostfile.inner_text().count("slots=1") == 4, 30, "4 hosts in the hostfile")
+    wait_until(lambda: hostfile.inner_text().count("slots=1") == 4, 30, "4 hosts in the hostfile")
 
     page.goto(f"{server.url}/jobs/{job_id}")
     page.locator("#job-status").filter(has_text="Running").wait_for()
-    wait_for(lambda: _world_size(page) == 4, 120, "world size 4 on the job page")
+    wait_until(lambda: _world_size(page) == 4, 120, "world size 4 on the job page")
     page.locator("#resize-list li").filter(has_text=re.compile(r"world size \d → 4")).first.wait_for()
     assert "world size 2 →" in page.locator("#resize-list li").first.inner_text()
     page.locator("#chart-world canvas").wait_for()
@@ -152,7 +154,7 @@ def test_seed_flow_on_containers(
     page.locator("#clusters-empty").wait_for(timeout=60_000)
     with server.client() as c:
         assert c.list_clusters() == []
-    wait_for(lambda: server_containers(server.key) == [], 60, "no container of the server left")
+    wait_until(lambda: server_containers(server.key) == [], 60, "no container of the server left")
 
 
 def test_process_backend_lists_its_one_image(server: ControlPlane, page: Any) -> None:
@@ -160,7 +162,7 @@ def test_process_backend_lists_its_one_image(server: ControlPlane, page: Any) ->
     sign_in(page, server.url, server.token)
     page.goto(f"{server.url}/clusters/new")
     options = page.get_by_label("Image").locator("option")
-    wait_for(lambda: options.count() > 1, 20, "the image list in the select")
+    wait_until(lambda: options.count() > 1, 20, "the image list in the select")
     texts = options.all_inner_texts()
     assert len(texts) == 2 and texts[0] == "default image of the framework", texts
     assert texts[1].startswith("local — any framework"), texts

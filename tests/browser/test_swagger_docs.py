@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_control_plane import ControlPlane
+from elastrain.testing.server import ControlPlane
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 

@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.integration.test_control_plane import ControlPlane
+from elastrain.testing.server import ControlPlane
 
 REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = REPO / "docs" / "openapi.json"

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
+from elastrain.testing.server import ControlPlane
 from tests.contract.conftest import PUBLISHED, REPO
-from tests.integration.test_control_plane import ControlPlane
 
 pytestmark = pytest.mark.timeout(180)
 CONFIG = Path(__file__).with_name("openapi-python-client.yaml")

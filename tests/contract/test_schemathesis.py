@@ -28,10 +28,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from elastrain.testing.server import ControlPlane
 from tests.contract.conftest import REPO
 from tests.contract.findings import Finding, Known, read_findings
 from tests.contract.st_hooks import SAFE_PROGRAM
-from tests.integration.test_control_plane import ControlPlane
 
 SEED = int(os.environ.get("ELASTRAIN_FUZZ_SEED", "7"))
 EXAMPLES = int(os.environ.get("ELASTRAIN_FUZZ_EXAMPLES", "40"))
@@ -40,7 +40,8 @@ CONFIG = Path(__file__).with_name("schemathesis.toml")
 REPORTS = REPO / "artifacts" / "contract"
 USER = "fuzzer"
 IDENTITIES = ("user", "admin")  # the user first: the admin's run may change the user's quota
-pytestmark = pytest.mark.timeout(len(IDENTITIES) * RUN_TIMEOUT_S + 120)
+# slow (about 2.5 min on 2 cores): outside `make test-fast`, in `make test`'s second lane
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(len(IDENTITIES) * RUN_TIMEOUT_S + 120)]
 
 # Failures accepted for now, each with its reason: a run that finds only these xfails.
 KNOWN: tuple[Known, ...] = ()

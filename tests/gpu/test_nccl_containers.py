@@ -10,7 +10,6 @@ build of torch in the image, and the NVIDIA user-space driver (libcuda.so.1), wh
 ``--device /dev/nvidiaN`` nodes do not bring in (the NVIDIA container toolkit's CDI spec does).
 """
 
-# ruff: noqa: F811 - `image` is a fixture imported by name
 from __future__ import annotations
 
 import json
@@ -23,9 +22,9 @@ import pytest
 
 from elastrain.client import Client
 from elastrain.report import build_report
-from tests.integration.containers import ContainerPlane, image  # noqa: F401
-from tests.integration.test_containers import run_in, shared_storage
-from tests.integration.test_control_plane import all_running, job_world, wait_for
+from elastrain.testing.clusters import all_running, job_world, run_in
+from elastrain.testing.containers import ContainerPlane, shared_storage
+from elastrain.testing.waits import wait_until
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 SAMPLES = 10000
@@ -249,14 +248,14 @@ def test_nccl_elastic_training_2_4_2_across_containers(gcp: RealGpuPlane) -> Non
         train += " --step-sleep 0.5 --slow-while /data/slow"  # <= 150 s at full size
         job = c.submit_job("elastic", f"{run} {train}".split())
         world = job_world(c, job["id"])
-        wait_for(world(2), 180, "the job to train with 2 workers")
+        wait_until(world(2), 180, "the job to train with 2 workers")
         c.scale_cluster("elastic", 4)
         c.wait_cluster("elastic", all_running, timeout=120)
-        wait_for(world(4), 180, "the job to grow to 4 workers")
+        wait_until(world(4), 180, "the job to grow to 4 workers")
         c.scale_cluster("elastic", 2)
-        wait_for(world(2), 180, "the job to shrink back to 2 workers")
+        wait_until(world(2), 180, "the job to shrink back to 2 workers")
         slow.unlink()
-        done = wait_for(
+        done = wait_until(
             lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 600, "the job to finish"
         )
         log = c.job_logs(job["id"])[0]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import ElasticJob, Host
+from elastrain.hostfile import Host
+from elastrain.testing.jobs import ElasticJob
 
 
 @pytest.fixture(scope="session", autouse=True)

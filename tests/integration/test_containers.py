@@ -4,50 +4,28 @@ Skips (with the reason) where podman cannot run containers. The image is built o
 cached by its inputs (`elastrain image build`).
 """
 
-# ruff: noqa: F811 - `ccp` and `image` are fixtures imported by name
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from pathlib import Path
 
 import pytest
 
 from elastrain.backends.podmanctl import podman
-from elastrain.client import Client, ClientError
+from elastrain.client import ClientError
 from elastrain.report import build_report
-from tests.integration.containers import ContainerPlane, ccp, image, server_containers  # noqa: F401
-from tests.integration.test_control_plane import REPO, all_running, job_world, record_timing, wait_for
+from elastrain.testing.clusters import all_running, job_world, run_in
+from elastrain.testing.containers import ContainerPlane, server_containers, shared_storage
+from elastrain.testing.timings import record_timing
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 SAMPLES = 10000
 
 
-def run_in(c: Client, cluster: str, *command: str, container: str | None = None) -> tuple[int, str]:
-    """`command` in the launcher container (or `container`) through the exec API: (exit code, output)."""
-    out, code = [], -1
-    for item in c.exec(cluster, list(command), container=container):
-        if isinstance(item, int):
-            code = item
-        else:
-            out.append(item)
-    return code, "".join(out)
-
-
 def labels_of(name: str) -> dict[str, str]:
     info = json.loads(podman("inspect", name, "--format", "json").stdout)[0]
     return dict(info["Config"]["Labels"])
-
-
-def shared_storage(ccp: ContainerPlane, name: str) -> Path:
-    """A mounted directory holding the example, writable by the tenants' uids."""
-    data = ccp.mounts / name
-    data.mkdir(exist_ok=True)
-    data.chmod(0o777)
-    for script in ("mnist_elastic.py", "mnist1d_data.py"):
-        shutil.copy(REPO / "examples" / script, data / script)
-    return data
 
 
 def test_seed_flow_on_containers(ccp: ContainerPlane) -> None:
@@ -97,12 +75,12 @@ def test_seed_flow_on_containers(ccp: ContainerPlane) -> None:
         train = "python /data/mnist_elastic.py --epochs 8 --batch-size 200 --step-sleep 0.03"
         job = c.submit_job("seed", f"{elastic} {train}".split())
         world = job_world(c, job["id"])
-        wait_for(world(2), 120, "the job to train with 2 workers")
+        wait_until(world(2), 120, "the job to train with 2 workers")
         t0 = time.monotonic()
         c.scale_cluster("seed", 4)
         c.wait_cluster("seed", all_running, timeout=60)
         record_timing(ccp, "containers: scale 2 -> 4 Running", time.monotonic() - t0)
-        wait_for(world(4), 120, "the job to grow to 4 workers")
+        wait_until(world(4), 120, "the job to grow to 4 workers")
         record_timing(ccp, "containers: scale 2 -> 4 -> training at 4", time.monotonic() - t0)
         podman("kill", f"elastrain-{ccp.key}-seed-worker-1")
 
@@ -111,19 +89,19 @@ def test_seed_flow_on_containers(ccp: ContainerPlane) -> None:
             return any(i["cause"] == "worker_failure" and i["world_size"] == 3 for i in incidents)
 
         try:
-            wait_for(survivors_went_on, 60, "the job to go on with the 3 survivors")
+            wait_until(survivors_went_on, 60, "the job to go on with the 3 survivors")
         except AssertionError as exc:
             events = [(e["action"], e["detail"]) for e in c.job_events(job["id"])]
             log = c.job_logs(job["id"])[0][-4000:]
             raise AssertionError(f"{exc}\nevents: {events}\nlog: {log}") from None
-        failed = wait_for(
+        failed = wait_until(
             lambda: [e for e in c.events("seed") if e["action"] == "container.failed"] or None,
             30,
             "the killed container to be reported",
         )
         assert "exited with code 137" in failed[0]["detail"]["reason"], failed
-        wait_for(world(4), 120, "the job to take the replaced container back")
-        done = wait_for(
+        wait_until(world(4), 120, "the job to take the replaced container back")
+        done = wait_until(
             lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 300, "the job to finish"
         )
         assert (done["status"], done["exit_code"]) == ("Succeeded", 0), c.job_logs(job["id"])[0][-3000:]
@@ -236,7 +214,7 @@ def test_restart_adopts_and_an_exited_container_is_failed(ccp: ContainerPlane) -
         after = {n: json.loads(podman("inspect", n, "--format", "json").stdout)[0]["Id"] for n in before}
         assert after == ids and sorted(server_containers(ccp.key)) == before  # adopted, no duplicates
         podman("kill", f"elastrain-{ccp.key}-keep-worker-0")
-        worker = wait_for(
+        worker = wait_until(
             lambda: next(
                 (k for k in c.get_cluster("keep").containers if k.role == "worker" and k.state == "Failed"),
                 None,

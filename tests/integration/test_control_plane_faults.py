@@ -1,6 +1,5 @@
 """Faults: a dead container is replaced, a GPU shortage waits Pending, kill -9 of the server mid-scale."""
 
-# ruff: noqa: F811 - `cp` and `postgres` are the harness's fixtures, imported by name
 from __future__ import annotations
 
 import os
@@ -9,18 +8,11 @@ import time
 
 import pytest
 
-from tests.integration.test_control_plane import (  # noqa: F401 - cp and postgres are fixtures
-    ControlPlane,
-    all_running,
-    cp,
-    hostfile_hosts,
-    init_pids,
-    postgres,
-    record_timing,
-    settled,
-    sqlite_only,
-    wait_for,
-)
+from elastrain.testing.clusters import all_running, hostfile_hosts, settled
+from elastrain.testing.server import ControlPlane, sqlite_only
+from elastrain.testing.server import container_inits as init_pids
+from elastrain.testing.timings import record_timing
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,7 +26,7 @@ def test_dead_container_is_replaced_and_leaves_the_hostfile(cp: ControlPlane) ->
         generation = cluster.hostfile_generation
         assert victim.pid is not None
         os.kill(victim.pid, signal.SIGKILL)
-        wait_for(
+        wait_until(
             lambda: victim.address not in c.hostfile("crashy"), 60, "the hostfile to drop the dead container"
         )
         cluster = c.wait_cluster(

@@ -1,18 +1,12 @@
 """Bad input to the control plane: every refusal is a 4xx JSON error with a message, never a 500."""
 
-# ruff: noqa: F811 - `cp` and `postgres` are the harness's fixtures, imported by name
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
 
-from tests.integration.test_control_plane import (  # noqa: F401 - cp and postgres are fixtures
-    ControlPlane,
-    cp,
-    postgres,
-    sqlite_only,
-)
+from elastrain.testing.server import ControlPlane, sqlite_only
 
 pytestmark = pytest.mark.timeout(180)
 

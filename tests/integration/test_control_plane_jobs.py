@@ -1,6 +1,5 @@
 """Jobs: submit, progress, logs, cancel, failure codes; an elastic job following the cluster's size."""
 
-# ruff: noqa: F811 - `cp` and `postgres` are the harness's fixtures, imported by name
 from __future__ import annotations
 
 import os
@@ -12,17 +11,10 @@ import pytest
 from elastrain.backends.procs import pid_alive
 from elastrain.client import ClientError
 from elastrain.report import build_report
-from tests.integration.test_control_plane import (  # noqa: F401 - cp and postgres are fixtures
-    REPO,
-    ControlPlane,
-    all_running,
-    cp,
-    job_world,
-    postgres,
-    settled,
-    sqlite_only,
-    wait_for,
-)
+from elastrain.testing.clusters import all_running, job_world, settled
+from elastrain.testing.jobs import REPO
+from elastrain.testing.server import ControlPlane, sqlite_only
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 SAMPLES = 10000  # MNIST-1D training set
@@ -37,7 +29,9 @@ def test_jobs_submit_progress_logs_cancel(cp: ControlPlane) -> None:
             "assert r(step=5, epoch=1, loss=0.5, samples_per_s=100.0, world_size=2); print('reported')"
         )
         ok = c.submit_job("jobs", ["python", "-c", script])
-        job = wait_for(lambda: (j := c.get_job(ok["id"]))["status"] != "Running" and j, 60, "the job to end")
+        job = wait_until(
+            lambda: (j := c.get_job(ok["id"]))["status"] != "Running" and j, 60, "the job to end"
+        )
         assert job["status"] == "Succeeded" and job["exit_code"] == 0, c.job_logs(ok["id"])[0]
         assert (job["step"], job["epoch"], job["loss"], job["samples_per_s"], job["world_size"]) == (
             5,
@@ -51,7 +45,7 @@ def test_jobs_submit_progress_logs_cancel(cp: ControlPlane) -> None:
         failing = c.submit_job(
             "jobs", ["sh", "-c", "echo 'epoch 2 done: world 3, step 7, loss 0.25'; exit 7"]
         )
-        job = wait_for(
+        job = wait_until(
             lambda: (j := c.get_job(failing["id"]))["status"] != "Running" and j, 60, "the job to end"
         )
         assert (job["status"], job["exit_code"], job["step"], job["world_size"]) == ("Failed", 7, 7, 3)
@@ -60,7 +54,7 @@ def test_jobs_submit_progress_logs_cancel(cp: ControlPlane) -> None:
 
         sleeper = c.submit_job("jobs", ["sleep", "60"])
         assert c.cancel_job(sleeper["id"])["status"] == "Cancelled"
-        wait_for(lambda: not pid_alive(sleeper["pid"]), 60, "the cancelled job to stop")
+        wait_until(lambda: not pid_alive(sleeper["pid"]), 60, "the cancelled job to stop")
 
         orphan = c.submit_job("jobs", ["sleep", "60"])
         with cp.client(c.create_user("jobless")) as other, pytest.raises(ClientError) as err:
@@ -94,19 +88,21 @@ def test_elastic_training_grows_and_shrinks_with_the_cluster(cp: ControlPlane) -
         job = c.submit_job("train", f"{run} {train}".split())
 
         world = job_world(c, job["id"])
-        wait_for(world(2), 120, "the job to train with 2 workers")
+        wait_until(world(2), 120, "the job to train with 2 workers")
         c.scale_cluster("train", 4)
-        wait_for(world(4), 120, "the job to grow to 4 workers")
+        wait_until(world(4), 120, "the job to grow to 4 workers")
         c.scale_cluster("train", 2)
-        wait_for(world(2), 120, "the job to shrink back to 2 workers")
-        removed = wait_for(
+        wait_until(world(2), 120, "the job to shrink back to 2 workers")
+        removed = wait_until(
             lambda: [e for e in c.events("train") if e["action"] == "container.removed"] or None,
             30,
             "the scaled-down containers to be removed",
         )
         assert {e["detail"]["reason"] for e in removed} == {"its workers left"}, removed
         step = c.get_job(job["id"])["step"] or 0
-        wait_for(lambda: (c.get_job(job["id"])["step"] or 0) > step, 60, "training to go on after the shrink")
+        wait_until(
+            lambda: (c.get_job(job["id"])["step"] or 0) > step, 60, "training to go on after the shrink"
+        )
         log = c.job_logs(job["id"])[0]
         grown = log.find("formed: 4 workers")
         assert grown != -1 and "formed: 2 workers (scale_in)" in log[grown:], log[-3000:]
@@ -144,11 +140,11 @@ def test_exec_stops_the_command_when_the_client_goes_away(cp: ControlPlane) -> N
         )
         try:
             assert cli.stdout is not None and cli.stdout.readline() == "started\n"
-            assert wait_for(lambda: _pids_with(marker), 30, "the command to run")
+            assert wait_until(lambda: _pids_with(marker), 30, "the command to run")
         finally:
             cli.kill()
             cli.wait()
-        wait_for(lambda: not _pids_with(marker), 30, "the command to stop after the client went away")
+        wait_until(lambda: not _pids_with(marker), 30, "the command to stop after the client went away")
         c.delete_cluster("execgone")
         c.wait_deleted("execgone")
 
@@ -187,7 +183,9 @@ def test_seed_flow_run_typed_in_the_launcher_becomes_a_reporting_job(cp: Control
         assert "epoch 0 done: world 2" in out.stdout + out.stderr
         (job,) = c.list_jobs("seed")
         assert job["command"][:2] == ["elastrain", "run"] and job["world_size"] == 2
-        job = wait_for(lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 30, "the job to end")
+        job = wait_until(
+            lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 30, "the job to end"
+        )
         assert (job["status"], job["exit_code"]) == ("Succeeded", 0)
         assert "epoch 0 done: world 2" in c.job_logs(job["id"])[0]  # the run's output is the job's log
         assert "job.attached" in [e["action"] for e in c.events("seed")]

@@ -13,7 +13,10 @@ import pytest
 
 from elastrain.client import Client, ClientError, ClusterInfo
 from elastrain.report import build_report
-from tests.integration.test_control_plane import REPO, ControlPlane, job_world, settled, wait_for
+from elastrain.testing.clusters import job_world, settled
+from elastrain.testing.jobs import REPO
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 SAMPLES = 10000  # MNIST-1D training set
@@ -120,9 +123,9 @@ def test_elastic_job_follows_the_scheduler_without_losing_a_sample(elastic_cp: C
         job = c.submit_job("a", f"{run} --ledger /ledger/run {train}".split())
 
         world = job_world(c, job["id"])
-        wait_for(world(4), 90, "the job to train with 4 workers")
+        wait_until(world(4), 90, "the job to train with 4 workers")
         c.create_cluster("b", containers=2, gpus_per_container=1, mounts=mounts)
-        wait_for(world(2), 90, "the job to shrink to 2 workers for cluster b")
+        wait_until(world(2), 90, "the job to shrink to 2 workers for cluster b")
         c.wait_cluster("b", at_size(c, "b", 2), timeout=60)
         # the second cluster trains too, on the GPUs the first one gave up
         train_b = "python /examples/mnist_elastic.py --epochs 1 --batch-size 256"
@@ -130,7 +133,7 @@ def test_elastic_job_follows_the_scheduler_without_losing_a_sample(elastic_cp: C
             "b", f"elastrain run -np 1 --hostfile /etc/mpi/hostfile --ledger /ledger/b {train_b}".split()
         )
         for finished in (job, job_b):
-            done = wait_for(
+            done = wait_until(
                 lambda f=finished: (j := c.get_job(f["id"]))["status"] not in ("Pending", "Running") and j,
                 150,
                 "both jobs to finish",

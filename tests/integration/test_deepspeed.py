@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import REPO, ElasticJob, hosts
+from elastrain.testing.jobs import REPO, ElasticJob, hosts
+from elastrain.testing.ports import free_port
+from elastrain.testing.timings import write_timing
 
 
 def _deepspeed_missing() -> str | None:
@@ -67,22 +68,9 @@ class Run:
         return lines[0]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def record_timing(what: str, seconds: float) -> None:
     """Keep a measured figure in artifacts/deepspeed_timings.json (and print it with -s)."""
-    print(f"\ntiming: {what}: {seconds:.3f}")
-    TIMINGS_FILE.parent.mkdir(exist_ok=True)
-    try:
-        timings = json.loads(TIMINGS_FILE.read_text())
-    except (OSError, ValueError):
-        timings = {}
-    timings[what] = round(seconds, 3)
-    TIMINGS_FILE.write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
+    write_timing(TIMINGS_FILE, what, seconds)
 
 
 def assert_exactly_once(sample_log: Path, epochs: int = EPOCHS) -> None:

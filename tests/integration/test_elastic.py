@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.jobs import EXAMPLE, ElasticJob, assert_exactly_once, hosts
+from elastrain.testing.jobs import EXAMPLE, ElasticJob, assert_exactly_once, hosts
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -5,7 +5,6 @@ sshd) typed in the launcher trains ZeRO-2 across containers, and a ZeRO-2 job un
 One cluster serves the module; skips where podman cannot run.
 """
 
-# ruff: noqa: F811 - `ccp` and `image` are fixtures imported by name
 from __future__ import annotations
 
 import json
@@ -16,14 +15,13 @@ from pathlib import Path
 import pytest
 
 from elastrain.client import Client
-from tests.integration.containers import (  # noqa: F401
+from elastrain.testing.clusters import run_in
+from elastrain.testing.containers import (
     ContainerPlane,
-    ccp,
     follow_scale_out_and_in,
     framework_cluster,
-    image,
+    shared_storage,
 )
-from tests.integration.test_containers import run_in, shared_storage
 
 pytestmark = pytest.mark.timeout(600)
 CLUSTER = "ds"

@@ -5,7 +5,6 @@ job grows with the cluster 2 -> 4 without restarting its workers.
 One cluster serves the module; skips where podman cannot run.
 """
 
-# ruff: noqa: F811 - `ccp` and `image` are fixtures imported by name
 from __future__ import annotations
 
 import re
@@ -16,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from elastrain.client import Client
-from tests.integration.containers import ContainerPlane, ccp, framework_cluster, image  # noqa: F401
-from tests.integration.test_containers import run_in, shared_storage
-from tests.integration.test_control_plane import all_running, job_world, record_timing, wait_for
+from elastrain.testing.clusters import all_running, job_world, run_in
+from elastrain.testing.containers import ContainerPlane, framework_cluster, shared_storage
+from elastrain.testing.timings import record_timing
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 CLUSTER = "hv"
@@ -80,14 +80,14 @@ def test_running_horovodrun_job_grows_with_the_cluster(
     )
     job = cluster.submit_job(CLUSTER, command.split())
     world = job_world(cluster, job["id"])
-    wait_for(world(2), 120, "the job to train with 2 workers")
+    wait_until(world(2), 120, "the job to train with 2 workers")
     t0 = time.monotonic()
     cluster.scale_cluster(CLUSTER, 4)
     cluster.wait_cluster(CLUSTER, all_running, timeout=60)
-    wait_for(world(4), 120, "the horovodrun job to grow to 4 workers")
+    wait_until(world(4), 120, "the horovodrun job to grow to 4 workers")
     record_timing(ccp, "horovod: scale 2 -> 4 -> training at 4", time.monotonic() - t0)
     slow.unlink()
-    done = wait_for(
+    done = wait_until(
         lambda: (j := cluster.get_job(job["id"]))["status"] != "Running" and j, 300, "the job to finish"
     )
     log = cluster.job_logs(job["id"])[0]

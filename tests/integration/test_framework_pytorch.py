@@ -4,7 +4,6 @@
 One 3-container cluster (launcher + 2 workers) serves every test here; skips where podman cannot run.
 """
 
-# ruff: noqa: F811 - `ccp` and `image` are fixtures imported by name
 from __future__ import annotations
 
 import re
@@ -15,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from elastrain.client import Client
-from tests.integration.containers import ContainerPlane, ccp, image, server_containers  # noqa: F401
-from tests.integration.test_containers import run_in, shared_storage
-from tests.integration.test_control_plane import REPO
+from elastrain.testing.clusters import run_in
+from elastrain.testing.containers import ContainerPlane, shared_storage
+from elastrain.testing.jobs import REPO
 
 pytestmark = pytest.mark.timeout(600)
 CLUSTER = "pt"

@@ -7,7 +7,6 @@ Every process a job started is killed by PID at the end.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -22,11 +21,10 @@ from typing import Any
 
 import pytest
 
-from elastrain.backends.procs import pid_alive
-from elastrain.chaos.job import JobWatcher, LedgerRecords, hosts
 from elastrain.hostfile import write_hostfile
 from elastrain.report import build_report
-from tests.integration.jobs import REPO
+from elastrain.testing.jobs import REPO, JobWatcher, LedgerRecords, hosts
+from elastrain.testing.processes import stop_tree
 
 STATIC = REPO / "examples" / "horovod_mnist.py"
 ELASTIC = REPO / "examples" / "horovod_mnist_elastic.py"
@@ -73,38 +71,12 @@ class HorovodJob(LedgerRecords):
         return self.log_path.read_text(errors="replace")
 
     def wait_world(self, world: int, steps: int, timeout: float) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-
-        def ready() -> bool:
-            gens = self.watcher.generations()
-            if (
-                gens
-                and gens[-1]["world_size"] == world
-                and self.watcher.commits_in(gens[-1]["generation"]) >= steps
-            ):
-                found.update(gens[-1])
-                return True
-            return False
-
-        self.watcher.wait(f"{steps} commits at world size {world}", ready, timeout)
-        return found
+        """Wait for a generation of `world` workers with `steps` commits; return it."""
+        return self.watcher.wait_world(world, steps, timeout)
 
     def cleanup(self) -> None:
-        pids = {self.proc.pid, *self.known_pids()}
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        """Stop horovodrun and kill every process it recorded, by PID."""
+        stop_tree(self.proc, {self.proc.pid, *self.known_pids()}, grace=10)
         self._log.close()
 
 

@@ -3,20 +3,15 @@
 (The kill-server chaos scenario covers the whole path with `elastrain run` and a server restart.)
 """
 
-# ruff: noqa: F811 - `cp` and `postgres` are the harness's fixtures, imported by name
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from tests.integration.test_control_plane import (  # noqa: F401 - cp and postgres are fixtures
-    ControlPlane,
-    all_running,
-    cp,
-    postgres,
-    wait_for,
-)
+from elastrain.testing.clusters import all_running
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,7 +36,7 @@ def test_incidents_become_job_events_in_api_and_cli(cp: ControlPlane) -> None:
         c.create_cluster("incidents", containers=2)
         c.wait_cluster("incidents", all_running)
         job = c.submit_job("incidents", ["python", "-c", _REPORT])
-        done = wait_for(lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 60, "the job")
+        done = wait_until(lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 60, "the job")
         log = c.job_logs(job["id"])[0]
         assert done["exit_code"] == 0, log
         assert "bad 422" in log and "forged 401" in log  # bad input refused, nothing stored

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import REPO, hosts
+from elastrain.testing.jobs import REPO, hosts
 
 pytestmark = pytest.mark.timeout(180)
 

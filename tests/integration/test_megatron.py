@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import REPO, ElasticJob, hosts
+from elastrain.testing.jobs import REPO, ElasticJob, hosts
+from elastrain.testing.timings import write_timing
 
 
 def _megatron_missing() -> str | None:
@@ -69,14 +70,7 @@ class Run:
 
 def record_timing(what: str, seconds: float) -> None:
     """Keep a measured figure in artifacts/megatron_timings.json (and print it with -s)."""
-    print(f"\ntiming: {what}: {seconds:.3f}")
-    TIMINGS_FILE.parent.mkdir(exist_ok=True)
-    try:
-        timings = json.loads(TIMINGS_FILE.read_text())
-    except (OSError, ValueError):
-        timings = {}
-    timings[what] = round(seconds, 3)
-    TIMINGS_FILE.write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
+    write_timing(TIMINGS_FILE, what, seconds)
 
 
 def assert_exactly_once(sample_log: Path, steps: int = STEPS) -> None:

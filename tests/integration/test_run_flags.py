@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from elastrain.chaos.job import LedgerRecords
+from elastrain.testing.jobs import LedgerRecords
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,6 @@ allocation shrinks with it, every sample exactly once); an ``elastrain run --slu
 One cluster serves the module; skips (with the reason) where podman cannot run or images cannot be built.
 """
 
-# ruff: noqa: F811 - `ccp` and `image` are fixtures imported by name
 from __future__ import annotations
 
 import time
@@ -22,9 +21,10 @@ from elastrain.backends.podmanctl import podman
 from elastrain.client import Client
 from elastrain.launcher.slurm import expand_hostlist
 from elastrain.report import build_report
-from tests.integration.containers import ContainerPlane, ccp, framework_image, image  # noqa: F401
-from tests.integration.test_containers import run_in, shared_storage
-from tests.integration.test_control_plane import all_running, job_world, record_timing, wait_for
+from elastrain.testing.clusters import all_running, job_world, run_in
+from elastrain.testing.containers import ContainerPlane, framework_image, shared_storage
+from elastrain.testing.timings import record_timing
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 CLUSTER = "slm"
@@ -40,7 +40,7 @@ def nodes(c: Client) -> dict[str, str]:
 
 
 def idle(c: Client, count: int) -> Callable[[], dict[str, str] | None]:
-    """A `wait_for` check: exactly `count` nodes, all idle."""
+    """A `wait_until` check: exactly `count` nodes, all idle."""
 
     def check() -> dict[str, str] | None:
         current = nodes(c)
@@ -83,7 +83,7 @@ def cluster(ccp: ContainerPlane) -> Iterator[Client]:
     assert made.returncode == 0, made.stderr
     with ccp.client() as c:
         assert c.get_cluster(CLUSTER).image.startswith("localhost/elastrain-slurm")
-        wait_for(idle(c, 2), 60, "sinfo to show the 2 workers idle")
+        wait_until(idle(c, 2), 60, "sinfo to show the 2 workers idle")
         record_timing(ccp, "slurm: create 3 containers -> sinfo 2 nodes idle", time.monotonic() - t0)
         yield c
         c.delete_cluster(CLUSTER)
@@ -121,7 +121,7 @@ def test_scaling_changes_the_nodes_and_a_slurm_job_shrinks(ccp: ContainerPlane, 
     the job finishes with every sample exactly once and the 2 nodes are left, idle."""
     t0 = time.monotonic()
     cluster.scale_cluster(CLUSTER, 5)
-    found = wait_for(idle(cluster, 4), 60, "sinfo to show 4 idle nodes")
+    found = wait_until(idle(cluster, 4), 60, "sinfo to show 4 idle nodes")
     record_timing(ccp, "slurm: scale 3 -> 5 containers -> 4 nodes idle", time.monotonic() - t0)
     assert sorted(found) == workers(4)
     assert all_running(cluster.get_cluster(CLUSTER))
@@ -132,23 +132,25 @@ def test_scaling_changes_the_nodes_and_a_slurm_job_shrinks(ccp: ContainerPlane, 
     train = "--epochs 12 --batch-size 200 --step-sleep 0.2 --slow-while /data/slow"
     job = cluster.submit_job(CLUSTER, ["salloc", "-N", "4", *run.split(), *train.split()])
     world = job_world(cluster, job["id"])
-    wait_for(world(4), 150, "the job to train with 4 workers")
+    wait_until(world(4), 150, "the job to train with 4 workers")
     t0 = time.monotonic()
     cluster.scale_cluster(CLUSTER, 3)
     shrunk = "formed: 2 workers (scale_in)"
-    wait_for(lambda: shrunk in cluster.job_logs(job["id"])[0], 60, "the job to shrink to 2 workers")
+    wait_until(lambda: shrunk in cluster.job_logs(job["id"])[0], 60, "the job to shrink to 2 workers")
     record_timing(ccp, "slurm: scale 5 -> 3 -> the job at 2 workers", time.monotonic() - t0)
-    wait_for(world(2), 60, "the job to report 2 workers")
+    wait_until(world(2), 60, "the job to report 2 workers")
     staying = ["2", f"{CLUSTER}-worker-[0-1]"]
     try:
-        wait_for(lambda: allocation(cluster) == staying, 30, "the allocation to shrink to the staying nodes")
-        wait_for(lambda: sorted(nodes(cluster)) == workers(2), 30, "the leaving nodes to leave Slurm")
+        wait_until(
+            lambda: allocation(cluster) == staying, 30, "the allocation to shrink to the staying nodes"
+        )
+        wait_until(lambda: sorted(nodes(cluster)) == workers(2), 30, "the leaving nodes to leave Slurm")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{diagnosis(ccp, cluster)}") from None
     record_timing(ccp, "slurm: scale 5 -> 3 -> 2 nodes left in Slurm", time.monotonic() - t0)
     (data / "slow").unlink()
     try:
-        done = wait_for(
+        done = wait_until(
             lambda: (j := cluster.get_job(job["id"]))["status"] != "Running" and j, 120, "the job to finish"
         )
     except AssertionError as exc:
@@ -159,7 +161,7 @@ def test_scaling_changes_the_nodes_and_a_slurm_job_shrinks(ccp: ContainerPlane, 
     assert "scale_in" in log and "worker_failure" not in log, log[-3000:]
     report = build_report(data / "ledger", SAMPLES)
     assert [(e["samples"], e["duplicates"], e["missing"]) for e in report["epochs"]] == [(SAMPLES, 0, 0)] * 12
-    wait_for(idle(cluster, 2), 30, "the 2 staying nodes to be idle")
+    wait_until(idle(cluster, 2), 30, "the 2 staying nodes to be idle")
 
 
 def test_an_elastic_slurm_job_grows_its_allocation(ccp: ContainerPlane, cluster: Client) -> None:
@@ -169,7 +171,7 @@ def test_an_elastic_slurm_job_grows_its_allocation(ccp: ContainerPlane, cluster:
     it finishes with every sample exactly once."""
     if sorted(nodes(cluster)) != workers(2):
         cluster.scale_cluster(CLUSTER, 3)
-    wait_for(idle(cluster, 2), 90, "sinfo to show 2 idle nodes")
+    wait_until(idle(cluster, 2), 90, "sinfo to show 2 idle nodes")
     data = ccp.mounts / "slm-data"
     (data / "slow-grow").touch()
     run = "elastrain run -v --slurm --min-np 2 --max-np 4 --ledger /data/ledger-grow"
@@ -177,11 +179,11 @@ def test_an_elastic_slurm_job_grows_its_allocation(ccp: ContainerPlane, cluster:
     train = "--epochs 4 --batch-size 200 --step-sleep 0.2 --slow-while /data/slow-grow"
     job = cluster.submit_job(CLUSTER, ["salloc", "-N", "2", *run.split(), *train.split()])
     world = job_world(cluster, job["id"])
-    wait_for(world(2), 60, "the job to train with 2 workers")
+    wait_until(world(2), 60, "the job to train with 2 workers")
     t0 = time.monotonic()
     cluster.scale_cluster(CLUSTER, 5)
     try:
-        wait_for(world(4), 60, "the job to grow to 4 workers")
+        wait_until(world(4), 60, "the job to grow to 4 workers")
     except AssertionError as exc:
         tail = cluster.job_logs(job["id"])[0][-4000:]
         raise AssertionError(f"{exc}\n{tail}\n{diagnosis(ccp, cluster)}") from None
@@ -189,7 +191,7 @@ def test_an_elastic_slurm_job_grows_its_allocation(ccp: ContainerPlane, cluster:
     count, nodelist = allocation(cluster)  # one job (the helper that brought the nodes is gone)
     assert count == "4" and expand_hostlist(nodelist) == sorted(nodes(cluster)), (count, nodelist)
     (data / "slow-grow").unlink()
-    done = wait_for(
+    done = wait_until(
         lambda: (j := cluster.get_job(job["id"]))["status"] != "Running" and j, 60, "the job to finish"
     )
     log = cluster.job_logs(job["id"])[0]

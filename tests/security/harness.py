@@ -1,45 +1,21 @@
-"""Helpers shared by the security tests: a real `elastrain server` on the process backend, a new user,
-a one-line refusal, and a pickle payload that runs code when unpickled.
+"""Helpers shared by the security tests: a real `elastrain server` on the process backend (the
+harness's `ControlPlane`), a new user, a one-line refusal, and a pickle payload that runs code when
+unpickled.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from elastrain.chaos.control_plane import free_port
+from elastrain.testing.server import ControlPlane
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    port: int
-    url: str
-    token: str
-    root: Path
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-    def http(self, token: str | None = None) -> httpx.Client:
-        auth = self.token if token is None else token
-        headers = {"Authorization": f"Bearer {auth}"} if auth else {}
-        return httpx.Client(base_url=self.url + "/api/v1", headers=headers, timeout=10)
+Server = ControlPlane  # the security tests' name for a running server (proc, port, url, token, root)
 
 
 @contextlib.contextmanager
@@ -49,36 +25,23 @@ def start_server(
     """`elastrain server` on the process backend with its data under `root` (log: root/server.log),
     mounts allowed below `root`, no GPUs. Yields once it answers /healthz; stopped (SIGTERM, then
     SIGKILL) on exit. `env`: the server's environment (default: this one less ELASTRAIN_MAX_BODY_BYTES)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "elastrain", "server", "--port", str(port)]
-    argv += ["--data-dir", str(root / "data")]
-    argv += ["--gpus", "0", "--backend", "process", "--allow-mount", str(root), *extra_args]
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "ELASTRAIN_MAX_BODY_BYTES"}
-    with open(root / "server.log", "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=dict(env))
-    url = f"http://127.0.0.1:{port}"
+    server = ControlPlane(
+        root,
+        gpus=0,
+        extra_args=("--allow-mount", str(root), *extra_args),
+        insecure_process_backend=False,
+        mounts=False,
+        drain_seconds=None,
+        reconcile_interval=None,
+        env=env,
+    )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            try:
-                if httpx.get(url + "/api/v1/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not answer within 60 s"
-            time.sleep(0.1)
-        token = (root / "data" / "admin-token").read_text().strip()
-        yield Server(proc, port, url, token, root)
+        server.start()
+        yield server
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        server.terminate(timeout=20)
 
 
 def new_user(server: Server, name: str, **extra: object) -> str:

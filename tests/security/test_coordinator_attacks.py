@@ -21,6 +21,7 @@ from elastrain.rendezvous.api import WorkerState
 from elastrain.rendezvous.coordinator import Coordinator
 from elastrain.rendezvous.records import LIVE, CoordinatorConfig
 from elastrain.rendezvous.wire import RpcClient, parse_address
+from elastrain.testing.waits import poll
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,15 +98,6 @@ def rss_bytes() -> int:
     return 0
 
 
-def wait_until(condition: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return bool(condition())
-
-
 def legit_worker_joins(coord: Coordinator, worker_id: str = "legit-0") -> None:
     client = RpcClient(
         coord.address,
@@ -116,7 +108,7 @@ def legit_worker_joins(coord: Coordinator, worker_id: str = "legit-0") -> None:
     try:
         assert client.connected
         assert client.notify("heartbeat")
-        assert wait_until(lambda: coord.workers.get(worker_id) is not None, 5)
+        assert poll(lambda: coord.workers.get(worker_id) is not None, 5, 0.02)
         assert coord.workers[worker_id].peer is not None
     finally:
         client.close()
@@ -150,8 +142,8 @@ def test_half_sent_frames_are_bounded_and_closed_by_the_deadline(coordinator: Co
     assert time.monotonic() - started < HELLO_TIMEOUT_S + 2.0
     for sock in socks:
         sock.close()
-    assert wait_until(lambda: coordinator.server.open_connections == (0, 0), 2)
-    assert wait_until(lambda: threading.active_count() <= before + 2, 2)
+    assert poll(lambda: coordinator.server.open_connections == (0, 0), 2, 0.02)
+    assert poll(lambda: threading.active_count() <= before + 2, 2, 0.02)
     legit_worker_joins(coordinator)
 
 
@@ -200,8 +192,8 @@ def test_huge_length_prefix_is_refused_without_buffering(coordinator: Coordinato
         coordinator.address, TOKEN, {"role": "agent", "host": "h1", "pid": 1}, connect_timeout=5
     )
     client.conn.sock.sendall(struct.pack(">I", 30 * 1024 * 1024))
-    assert wait_until(lambda: not client.connected, 2)
-    assert wait_until(lambda: "h1" not in coordinator.agents, 2)
+    assert poll(lambda: not client.connected, 2, 0.02)
+    assert poll(lambda: "h1" not in coordinator.agents, 2, 0.02)
     legit_worker_joins(coordinator)
 
 
@@ -219,7 +211,7 @@ def test_wrong_token_of_equal_length_is_refused(coordinator: Coordinator) -> Non
     assert "evil" not in coordinator.agents
     with pytest.raises(Exception, match="refused"):
         RpcClient(coordinator.address, wrong, {"role": "agent", "host": "evil", "pid": 1}, connect_timeout=5)
-    assert wait_until(lambda: coordinator.server.open_connections == (0, 0), 2)
+    assert poll(lambda: coordinator.server.open_connections == (0, 0), 2, 0.02)
 
 
 # ----- fuzzing an authenticated peer ----------------------------------------------------------------
@@ -356,8 +348,8 @@ def test_fuzzed_frames_from_authenticated_peers(coordinator: Coordinator) -> Non
             sock.close()
         cases += 1
     assert cases >= 50
-    assert wait_until(lambda: coordinator.server.open_connections == (0, 0), 5)
-    assert wait_until(lambda: no_ghosts(coordinator), 5)
+    assert poll(lambda: coordinator.server.open_connections == (0, 0), 5, 0.02)
+    assert poll(lambda: no_ghosts(coordinator), 5, 0.02)
     with coordinator._lock:
         assert not coordinator.agents
         assert all(w.state not in LIVE for w in coordinator.workers.values() if w.worker_id.startswith("fz-"))
@@ -376,10 +368,10 @@ def test_malformed_message_disconnects_and_cleans_up(coordinator: Coordinator) -
     assert "committed_step" in reply["error"]
     assert closed_by_server(sock, 2.0)
     sock.close()
-    assert wait_until(lambda: coordinator.workers["w-bad"].state == WorkerState.DEAD, 2)
+    assert poll(lambda: coordinator.workers["w-bad"].state == WorkerState.DEAD, 2, 0.02)
     agent = _authenticated(coordinator, "agent", "h9")
     agent.sendall(frame({"type": "hello", "id": 2, "token": TOKEN, "role": "agent", "host": "h10"}))
     assert closed_by_server(agent, 2.0)
     agent.close()
-    assert wait_until(lambda: not coordinator.agents, 2)
+    assert poll(lambda: not coordinator.agents, 2, 0.02)
     legit_worker_joins(coordinator)

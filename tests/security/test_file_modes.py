@@ -18,7 +18,8 @@ import pytest
 from sqlalchemy import text
 
 from elastrain.db.session import Database
-from tests.integration.test_control_plane import ControlPlane, all_running
+from elastrain.testing.clusters import all_running
+from elastrain.testing.server import ControlPlane
 
 pytestmark = pytest.mark.timeout(180)
 

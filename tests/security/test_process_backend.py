@@ -15,8 +15,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from elastrain.client import ClientError
-from elastrain.server.services import HOST_COMMANDS_REFUSED
-from tests.integration.test_control_plane import ControlPlane, all_running, wait_for
+from elastrain.server.exec_service import HOST_COMMANDS_REFUSED
+from elastrain.testing.clusters import all_running
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -136,7 +138,7 @@ def test_insecure_flag_allows_commands_with_a_warning(insecure: ControlPlane) ->
     assert (out.strip(), code) == ("exec-ok", 0)
     with insecure.client(token) as c:
         job = c.submit_job("own", ["sh", "-c", "echo job-ok"])
-        wait_for(lambda: c.get_job(job["id"])["status"] != "Running", 30, "the job to end")
+        wait_until(lambda: c.get_job(job["id"])["status"] != "Running", 30, "the job to end")
         assert c.get_job(job["id"])["status"] == "Succeeded"
         assert "job-ok" in c.job_logs(job["id"])[0]
     out, code = _terminal(insecure, token, "own", "echo term-$((40 + 2)); exit\n")

@@ -23,12 +23,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from elastrain.chaos.job import ElasticJob, hosts
 from elastrain.launcher.store import start_store
 from elastrain.rendezvous.api import Cause, Generation, Member
 from elastrain.rendezvous.wire import parse_address
 from elastrain.runtime.group import GroupManager, store_prefix
 from elastrain.runtime.netaddr import _interface_ipv4
+from elastrain.testing.jobs import ElasticJob, hosts
 
 pytestmark = pytest.mark.timeout(120)
 

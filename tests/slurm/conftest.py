@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from elastrain.testing.waits import poll
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "slurm"
 
@@ -95,19 +97,12 @@ class SlurmCluster:
 
     def wait_gone(self, job_id: str, timeout: float) -> bool:
         """Wait until squeue no longer lists the job; False on timeout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if job_id not in self.jobs():
-                return True
-            time.sleep(0.25)
-        return False
+        return poll(lambda: job_id not in self.jobs(), timeout, 0.25)
 
     def cancel_all(self) -> None:
         """Cancel every job of the cluster and wait (briefly) for them to go."""
         self.cmd("scancel", "--full", "--user=root", check=False)
-        deadline = time.monotonic() + 20
-        while self.jobs() and time.monotonic() < deadline:
-            time.sleep(0.25)
+        poll(lambda: not self.jobs(), 20, 0.25)
 
 
 def _skip(reason: str) -> None:
@@ -118,9 +113,10 @@ def _skip(reason: str) -> None:
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """Start the cluster once per session; SLURM_CONF points at it while the tests run."""
     if sys.platform != "linux" or os.geteuid() != 0:
-        _skip("needs root on Linux (slurmd and munged run as root; `make test` as root installs them)")
-    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
-        _skip("slurmctld is not installed and apt-get is not available to install slurm-wlm and munge")
+        _skip("needs root on Linux (slurmd and munged run as root)")
+    missing = [tool for tool in ("slurmctld", "slurmd", "munged") if shutil.which(tool) is None]
+    if missing:  # tests install nothing: `make slurm-deps` does
+        _skip(f"{', '.join(missing)} not installed (`make slurm-deps` installs slurm-wlm and munge)")
     sys.path.insert(0, str(REPO / "examples"))
     import mnist1d_data
 

@@ -19,18 +19,13 @@ from typing import Any
 
 import pytest
 
-from elastrain.chaos.job import TRAIN_SAMPLES, assert_exactly_once
 from elastrain.client import Client, ClusterInfo
 from elastrain.report import build_report
-from tests.integration.test_control_plane import (
-    REPO,
-    ControlPlane,
-    hostfile_hosts,
-    job_world,
-    record_timing,
-    settled,
-    wait_for,
-)
+from elastrain.testing.clusters import hostfile_hosts, job_world, settled
+from elastrain.testing.jobs import REPO, TRAIN_SAMPLES, assert_exactly_once
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.timings import record_timing
+from elastrain.testing.waits import wait_until
 from tests.slurm.conftest import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
@@ -64,7 +59,7 @@ class SlurmControlPlane(ControlPlane):
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         log.close()
         with Client(self.url, "") as probe:
-            wait_for(
+            wait_until(
                 lambda: probe.health() or self.proc is None or self.proc.poll() is not None, 60, "server"
             )
         assert self.proc.poll() is None, (self.root / "server.log").read_text()[-3000:]
@@ -140,7 +135,7 @@ def test_cluster_on_slurm_scale_drain_delete(scp: SlurmControlPlane, slurm: Slur
         job = c.submit_job("sl", [*run.split(), "--ledger", "/examples/ledger", *train.split()])
 
         world = job_world(c, job["id"])
-        wait_for(world(3), 60, "the job to train with 3 workers (the launcher trains too)")
+        wait_until(world(3), 60, "the job to train with 3 workers (the launcher trains too)")
 
         t0 = time.monotonic()
         c.scale_cluster("sl", 5)
@@ -148,7 +143,7 @@ def test_cluster_on_slurm_scale_drain_delete(scp: SlurmControlPlane, slurm: Slur
         record_timing(scp, "slurm: scale 3->5 -> new containers Running", time.monotonic() - t0)
         placed = check_placement(scp, slurm, cluster)
         assert len(elastrain_jobs(slurm)) == 5 and set(first.items()) <= set(placed.items())
-        wait_for(world(5), 60, "the job to grow to 5 workers")
+        wait_until(world(5), 60, "the job to grow to 5 workers")
         record_timing(scp, "slurm: scale 3->5 -> job trains with 5 workers", time.monotonic() - t0)
 
         roles = {k.name: k.role for k in cluster.containers}
@@ -168,17 +163,17 @@ def test_cluster_on_slurm_scale_drain_delete(scp: SlurmControlPlane, slurm: Slur
                 timeout=30,
             )
             stay = sorted(k.address for k in cluster.containers if k.state == "Running")
-            wait_for(lambda: sorted(hostfile_hosts(c.hostfile("sl"))) == stay, 30, "the hostfile to shrink")
+            wait_until(lambda: sorted(hostfile_hosts(c.hostfile("sl"))) == stay, 30, "the hostfile to shrink")
             record_timing(scp, "slurm: drain node -> hostfile shrinks", time.monotonic() - t0)
             assert len(stay) == 5 - len(leaving)
-            wait_for(
+            wait_until(
                 lambda: not {v[2] for v in elastrain_jobs(slurm).values()} & {node}, 30, "the jobs to leave"
             )
-            wait_for(world(5 - len(leaving)), 60, "the job to shrink")
+            wait_until(world(5 - len(leaving)), 60, "the job to shrink")
         finally:
             slurm.cmd("scontrol", "update", f"nodename={node}", "state=resume")
 
-        done = wait_for(
+        done = wait_until(
             lambda: (j := c.get_job(job["id"]))["status"] != "Running" and j, 90, "the job to end"
         )
         log = c.job_logs(job["id"])[0]
@@ -207,7 +202,7 @@ def test_restart_adopts_slurm_jobs_and_scale_in_cancels(scp: SlurmControlPlane, 
         gone = container_meta(scp, "ad", "ad-worker-1")["slurm_job_id"]
         c.scale_cluster("ad", 2)
         c.wait_cluster("ad", lambda x: len(x.containers) == 2 and settled(c, "ad")(x), timeout=60)
-        wait_for(lambda: str(gone) not in elastrain_jobs(slurm), 30, "the surplus Slurm job to end")
+        wait_until(lambda: str(gone) not in elastrain_jobs(slurm), 30, "the surplus Slurm job to end")
         assert slurm.job_field(str(gone), "JobState") in ("COMPLETED", "CANCELLED", "")
         assert len(elastrain_jobs(slurm)) == 2
         c.delete_cluster("ad")

@@ -18,7 +18,7 @@ from sqlalchemy import inspect, text
 from elastrain.db.models import Cluster, Framework
 from elastrain.db.repository import all_clusters, hash_token, user_by_token
 from elastrain.db.session import MIGRATIONS_DIR, Database
-from tests.integration.test_control_plane import Postgres, postgres  # noqa: F401 - the shared fixture
+from elastrain.testing.postgres import Postgres
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -9,7 +9,7 @@ import pytest
 from elastrain.cli.cluster import resolve_mount
 from elastrain.client import ClusterInfo, report_progress
 from elastrain.errors import ConfigError
-from elastrain.server.services import rewrite_command
+from elastrain.server.exec_service import rewrite_command
 
 
 def test_report_progress_is_a_no_op_outside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,62 +3,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus
+from elastrain.backends.api import ContainerSpec, ContainerStatus
+from elastrain.backends.fake import FakeBackend
 from elastrain.db.models import Cluster, ClusterState, ContainerState, Framework, User
 from elastrain.db.repository import all_clusters, create_user, events_for
 from elastrain.db.session import Database
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import Reconciler
 from elastrain.server.scheduling import ClusterScheduler
-
-
-class FakeBackend(Backend):
-    """Containers as dict entries; `ready` immediately."""
-
-    def __init__(self) -> None:
-        self.live: dict[tuple[str, str], int] = {}
-        self.files: dict[str, str] = {}
-        self.next_pid = 100
-        self.creates = 0
-
-    def create_container(self, spec: ContainerSpec) -> ContainerStatus:
-        key = (spec.cluster, spec.name)
-        if key not in self.live:
-            self.creates += 1
-            self.next_pid += 1
-            self.live[key] = self.next_pid
-        return ContainerStatus(spec.cluster, spec.name, self.live[key], True, True, spec.address)
-
-    def delete_container(self, cluster: str, name: str, cluster_uid: str = "") -> None:
-        self.live.pop((cluster, name), None)
-
-    def delete_cluster(self, cluster: str, cluster_uid: str) -> None:
-        for key in [k for k in self.live if k[0] == cluster]:
-            del self.live[key]
-
-    def list_containers(self) -> list[ContainerStatus]:
-        return [ContainerStatus(c, n, pid, True, True) for (c, n), pid in self.live.items()]
-
-    def write_cluster_file(self, cluster: str, path: str, text: str) -> None:
-        self.files[cluster] = text
-
-    def container_path(self, cluster: str, name: str, path: str) -> Path:
-        return Path("/nonexistent") / cluster / name / path.lstrip("/")
-
-    def exec(
-        self, spec: ContainerSpec, command: list[str], log_path: Path | None = None
-    ) -> subprocess.Popen[bytes]:
-        raise NotImplementedError
-
-    def logs(self, cluster: str, name: str) -> Iterator[str]:
-        return iter(())
 
 
 @pytest.fixture
@@ -93,16 +51,18 @@ def test_converges_then_is_idempotent(db: Database) -> None:
     settle(r)
     (c,) = clusters(db)
     assert c.state == ClusterState.Running and [k.state for k in c.containers] == [ContainerState.Running] * 3
-    assert backend.files["c"].splitlines()[1:] == [f"{k.address} slots=1" for k in c.containers]
+    assert backend.files["c"]["/etc/mpi/hostfile"].splitlines()[1:] == [
+        f"{k.address} slots=1" for k in c.containers
+    ]
     assert r.reconcile_once() == 0 and backend.creates == 3
 
 
 def test_restarted_reconciler_adopts_without_duplicates(db: Database) -> None:
     backend = FakeBackend()
     settle(Reconciler(db, backend, Inventory(8, False)))
-    before = dict(backend.live)
+    before = dict(backend.containers)
     settle(Reconciler(db, backend, Inventory(8, False)))  # a new server process, same backend state
-    assert backend.live == before and backend.creates == 3
+    assert backend.containers == before and backend.creates == 3
 
 
 def test_delete_requested_during_a_pass_is_not_overwritten(
@@ -125,7 +85,7 @@ def test_delete_requested_during_a_pass_is_not_overwritten(
     monkeypatch.setattr(module, "plan", real_plan)
     assert clusters(db)[0].state == ClusterState.Terminating
     settle(r)
-    assert clusters(db) == [] and backend.live == {}
+    assert clusters(db) == [] and backend.containers == {}
 
 
 def _elastic(db: Database, name: str, desired: int, low: int, high: int) -> None:

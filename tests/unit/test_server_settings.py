@@ -95,10 +95,9 @@ def test_env_names_and_lists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert s.allow_mount == [Path("/x")] and s.backend == "container"
 
 
-def test_settings_land_on_args() -> None:
-    args = server_args("--port", "9001", "--insecure-process-backend")
-    load_settings(args).apply_to(args)
-    assert (args.port, args.insecure_process_backend, args.host, args.scheduler) == (
+def test_settings_are_one_object() -> None:
+    s = load_settings(server_args("--port", "9001", "--insecure-process-backend"))
+    assert (s.port, s.insecure_process_backend, s.host, s.scheduler) == (
         9001,
         True,
         "127.0.0.1",

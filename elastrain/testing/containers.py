@@ -1,29 +1,38 @@
-"""Fixtures for the container backend: the image (built once, cached by its inputs) and a server on it."""
+"""The container backend under test: a `ControlPlane` on podman with fake GPUs, framework images and
+clusters, and the scale-out-and-in drive the framework tests share.
+
+Skips (`need_podman`) import pytest lazily: the module is importable without it.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-import pytest
+from typing import TYPE_CHECKING, Any
 
 from elastrain.backends.podmanctl import podman, podman_works
-from elastrain.client import Client
-from tests.integration.test_control_plane import ControlPlane, all_running, record_timing, wait_for
+from elastrain.testing.clusters import all_running
+from elastrain.testing.jobs import EXAMPLE
+from elastrain.testing.server import ControlPlane
+from elastrain.testing.timings import record_timing
+from elastrain.testing.waits import wait_until
+
+if TYPE_CHECKING:
+    from elastrain.client import Client
 
 
 def need_podman() -> None:
     """Skip (with the reason) where podman cannot run containers or images cannot be built."""
+    import pytest
+
     if not podman_works():
-        pytest.skip("podman with runc cannot run containers here (apt-get install podman runc)")
+        pytest.skip("podman with runc cannot run containers here (make container-deps)")
     if shutil.which("mmdebstrap") is None:
-        pytest.skip("mmdebstrap is missing: images cannot be built (apt-get install mmdebstrap)")
+        pytest.skip("mmdebstrap is missing: images cannot be built (make container-deps)")
 
 
 def framework_image(framework: str) -> str:
@@ -33,12 +42,6 @@ def framework_image(framework: str) -> str:
     from elastrain.images.build import build_image
 
     return build_image(framework, progress=lambda line: None).name
-
-
-@pytest.fixture(scope="session")
-def image() -> str:
-    """The pytorch image, built once per session (a no-op when its inputs did not change)."""
-    return framework_image("pytorch")
 
 
 def server_containers(key: str) -> list[str]:
@@ -55,16 +58,13 @@ class ContainerPlane(ControlPlane):
         super().__init__(root, gpus=gpus, extra_args=("--backend", "container"))
         self.gpu_dir = gpu_dir
 
-    def start(self) -> float:
-        saved = os.environ.pop("ELASTRAIN_GPU_DEVICE_DIR", None)
+    def server_env(self) -> dict[str, str]:
+        """The server's environment, with ELASTRAIN_GPU_DEVICE_DIR set to `gpu_dir` (or unset)."""
+        env = super().server_env()
+        env.pop("ELASTRAIN_GPU_DEVICE_DIR", None)
         if self.gpu_dir is not None:
-            os.environ["ELASTRAIN_GPU_DEVICE_DIR"] = str(self.gpu_dir)  # read by the server it starts
-        try:
-            return super().start()
-        finally:
-            os.environ.pop("ELASTRAIN_GPU_DEVICE_DIR", None)
-            if saved is not None:
-                os.environ["ELASTRAIN_GPU_DEVICE_DIR"] = saved
+            env["ELASTRAIN_GPU_DEVICE_DIR"] = str(self.gpu_dir)
+        return env
 
     @property
     def key(self) -> str:
@@ -74,6 +74,7 @@ class ContainerPlane(ControlPlane):
         return server_key(self.data)
 
     def cleanup(self) -> None:
+        """`ControlPlane.cleanup`, then no container or network of this server may be left."""
         key = self.key
         super().cleanup()
         left = server_containers(key)
@@ -84,6 +85,16 @@ class ContainerPlane(ControlPlane):
             podman("rm", "--force", "--time", "0", *left, check=False)
         assert not left, f"containers left behind: {left}"
         assert not networks.stdout.split(), f"networks left behind: {networks.stdout}"
+
+
+def shared_storage(plane: ControlPlane, name: str) -> Path:
+    """A mounted directory holding the example, writable by the tenants' uids."""
+    data = plane.mounts / name
+    data.mkdir(exist_ok=True)
+    data.chmod(0o777)
+    for script in ("mnist_elastic.py", "mnist1d_data.py"):
+        shutil.copy(EXAMPLE.parent / script, data / script)
+    return data
 
 
 def fake_gpus(directory: Path, count: int) -> Path:
@@ -105,13 +116,6 @@ def container_plane(root: Path) -> Iterator[ContainerPlane]:
         yield plane
     finally:
         plane.cleanup()
-
-
-@pytest.fixture(scope="module")
-def ccp(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerPlane]:
-    """A server on the container backend with 8 fake GPUs."""
-    with container_plane(tmp_path_factory.mktemp("ccp")) as plane:
-        yield plane
 
 
 @contextlib.contextmanager
@@ -154,17 +158,19 @@ def follow_scale_out_and_in(
         assert current["status"] == "Running", c.job_logs(job_id)[0][-4000:]
         return steps_at(size) >= steps
 
-    wait_for(lambda: at_least(small, 5), 180, f"5 steps at size {small}")
+    wait_until(lambda: at_least(small, 5), 180, f"5 steps at size {small}")
     t0 = time.monotonic()
     c.scale_cluster(cluster, 4)
     c.wait_cluster(cluster, all_running, timeout=90)
-    wait_for(lambda: at_least(big, 1), 180, f"the first step at size {big}")
+    wait_until(lambda: at_least(big, 1), 180, f"the first step at size {big}")
     record_timing(plane, f"{label}: scale 2 -> 4 -> first step at {big}", time.monotonic() - t0)
-    wait_for(lambda: at_least(big, 4), 60, f"4 steps at size {big}")
+    wait_until(lambda: at_least(big, 4), 60, f"4 steps at size {big}")
     t0 = time.monotonic()
     before = steps_at(small)
     c.scale_cluster(cluster, 2)
-    wait_for(lambda: at_least(small, before + 1), 180, f"a step at size {small} again")
+    wait_until(lambda: at_least(small, before + 1), 180, f"a step at size {small} again")
     record_timing(plane, f"{label}: scale 4 -> 2 -> first step at {small}", time.monotonic() - t0)
-    done = wait_for(lambda: (j := c.get_job(job_id))["status"] != "Running" and j, 300, "the job to finish")
+    done: dict[str, Any] = wait_until(
+        lambda: (j := c.get_job(job_id))["status"] != "Running" and j, 300, "the job to finish"
+    )
     return done, c.job_logs(job_id)[0]

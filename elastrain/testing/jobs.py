@@ -1,25 +1,39 @@
-"""Run real `elastrain run` jobs from code: start, watch the ledger and events, act, clean up every PID.
+"""The job driver and watcher: start real `elastrain run` jobs from code, read their ledger and
+events as they grow, wait for generations, clean up every PID they used.
 
-Used by the demo, the chaos runner and the tests.
+Used by the demo, the chaos runner, the benchmarks' checks and the tests.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from elastrain.backends.procs import pid_alive
-from elastrain.errors import ConfigError
 from elastrain.hostfile import Host, write_hostfile
 from elastrain.report import build_report, load_ledgers
+from elastrain.testing.processes import stop_tree
+from elastrain.testing.waits import wait_until
+
+
+def read_jsonl(path: Path, **match: Any) -> list[dict[str, Any]]:
+    """The JSON lines of `path` whose fields equal `match` (a missing file reads as empty; a line
+    still being written is skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if all(record.get(k) == v for k, v in match.items()):
+            out.append(record)
+    return out
 
 
 class Pollable(Protocol):
@@ -36,18 +50,8 @@ class JobWatcher:
         self.proc = proc  # None: a job this process did not start (e.g. one submitted to a server)
 
     def generations(self) -> list[dict[str, Any]]:
-        path = self.dir / "events.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if record.get("event") == "generation":
-                out.append(record)
-        return out
+        """The coordinator's generation records so far, oldest first."""
+        return read_jsonl(self.dir / "events.jsonl", event="generation")
 
     def committed(self) -> int:
         """Steps committed so far (the newest committed step + 1), over every generation."""
@@ -55,21 +59,24 @@ class JobWatcher:
         return max(steps) + 1 if steps else 0
 
     def commits_in(self, generation: int) -> int:
+        """Distinct steps committed in `generation`."""
         steps: set[int] = set()
         for records in load_ledgers(self.dir).values():
             steps.update(r["s"] for r in records if r["k"] == "c" and r["g"] == generation)
         return len(steps)
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if self.proc is not None and self.proc.poll() is not None:
-                raise ConfigError(f"the job ended before {what}; see its output above")
-            if time.monotonic() > deadline:
-                raise ConfigError(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(0.1)
+        """Wait for `predicate`; `WaitTimeout` after `timeout` or as soon as the job has ended."""
+        proc = self.proc
 
-    def wait_world(self, world: int, steps: int) -> dict[str, Any]:
+        def ended() -> str | None:
+            if proc is not None and proc.poll() is not None:
+                return f"the job ended before {what}; see its output above"
+            return None
+
+        wait_until(predicate, timeout, what, interval=0.1, abort=ended)
+
+    def wait_world(self, world: int, steps: int, timeout: float = 180.0) -> dict[str, Any]:
         """Wait for a generation of `world` workers that has committed `steps` steps; return it."""
         found: dict[str, Any] = {}
 
@@ -80,7 +87,7 @@ class JobWatcher:
                 return True
             return False
 
-        self.wait(f"{steps} steps at world size {world}", ready)
+        self.wait(f"{steps} steps at world size {world}", ready, timeout)
         return found
 
 
@@ -183,22 +190,8 @@ class ElasticJob(LedgerRecords):
         return {self.proc.pid, *super().known_pids()}
 
     def cleanup(self) -> None:
-        """Stop the job and kill every process it started, by PID."""
-        pids = self.known_pids()
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        """Stop the job (SIGTERM to its process group) and kill every process it used, by PID."""
+        stop_tree(self.proc, self.known_pids(), grace=15)
         self.log.close()
 
 
