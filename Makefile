@@ -4,8 +4,21 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps image test-fast audit openapi fuzz
+# The two lanes of `make test`. The fast lane (`make test-fast`, first) runs FAST_TESTS minus the tests
+# marked with one of LANE2_MARKS: those need something `make test` installs after the fast lane
+# (PostgreSQL, chromium, Slurm, a GPU) or run for minutes (`slow`: multi-process runs, schemathesis
+# against a live server). The second lane runs everything else, once: every other directory of tests/
+# (whose fixtures also build the images), then the LANE2_MARKS tests of FAST_TESTS. A test in FAST_TESTS
+# that needs podman, Slurm, chromium, PostgreSQL or a GPU must carry one of these markers, or it skips in
+# the fast lane and never runs in the second.
+FAST_TESTS  := tests/unit tests/contract
+LANE2_MARKS := slow or postgres or browser or slurm or gpu
+REST_TESTS  := $(filter-out $(FAST_TESTS) tests/__pycache__,$(patsubst %/,%,$(wildcard tests/*/))) \
+               $(wildcard tests/test_*.py)
+
+.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps postgres-deps image test-fast audit openapi fuzz bench-scheduler
 
 install: $(STAMP)
 
@@ -28,9 +41,9 @@ demo-portal: install
 # Installed as root when missing; without them the container tests skip and the server falls back to
 # the process backend.
 container-deps:
-	@{ command -v podman && command -v runc && command -v mmdebstrap && command -v ssh-keygen; } >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	@{ command -v podman && command -v runc && command -v mmdebstrap && command -v ssh-keygen && command -v iptables; } >/dev/null || { [ "$$(id -u)" = 0 ] && \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-	  podman runc mmdebstrap netavark aardvark-dns catatonit conmon fuse-overlayfs uidmap openssh-client; } || \
+	  podman runc mmdebstrap netavark aardvark-dns catatonit conmon fuse-overlayfs uidmap openssh-client iptables; } || \
 	  echo "no podman/runc/mmdebstrap: container tests skip"
 
 # the OCI image jobs run in (offline: Debian bookworm rootfs + torch CPU venv + elastrain; cached)
@@ -41,6 +54,7 @@ lint: install
 	$(VENV)/bin/ruff check elastrain tests examples bench
 	$(VENV)/bin/ruff format --check elastrain tests examples bench
 	$(VENV)/bin/mypy elastrain
+	$(VENV)/bin/lint-imports --no-cache
 
 unit: install
 	$(PY) -m pytest -q tests/unit
@@ -59,17 +73,31 @@ slurm-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge; } || \
 	  echo "no slurm-wlm/munge: slurm tests skip"
 
-# lint, types, unit tests: the fast lane (under 3 minutes)
+# the PostgreSQL legs (-m postgres) start a private server from Debian's postgresql (elastrain.testing.postgres,
+# which installs nothing itself); they skip without it
+postgres-deps:
+	@{ command -v initdb || ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; } || \
+	  echo "no postgresql: postgres tests skip"
+
+# the fast lane (budget: 3 minutes on a quiet 2-core machine): lint, types, import layers, unit and contract tests
 test-fast: lint
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PYTEST) -m "not ($(LANE2_MARKS))" $(FAST_TESTS)
 
 # known vulnerabilities in the installed dependencies (pip-audit; elastrain itself is skipped). Offline it
 # prints `pip-audit: skipped (advisory database unreachable: ...)`; tolerated IDs: .ci/pip-audit-ignore.txt
 audit: install
 	$(PY) scripts/audit_deps.py
 
-test: lint audit portal-deps slurm-deps container-deps
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+# the fast lane first (a failure there stops `make test` within minutes), then the second lane: its two
+# parts run even when the first of them fails, and either failing fails `make test`
+test: test-fast audit portal-deps slurm-deps container-deps postgres-deps
+	@status=0; \
+	  echo "== $(REST_TESTS)"; \
+	  $(PYTEST) --durations=25 $(REST_TESTS) || status=1; \
+	  echo "== $(FAST_TESTS): -m '$(LANE2_MARKS)'"; \
+	  $(PYTEST) --durations=10 -m "$(LANE2_MARKS)" $(FAST_TESTS) || [ $$? = 5 ] || status=1; \
+	  exit $$status
 
 # 50 random faults (seeded: SEED=N reproduces a schedule) in one long run of the example; not in `make test`
 SEED ?= $(shell date +%s)
@@ -86,11 +114,15 @@ FUZZ_EXAMPLES ?= 150
 fuzz: install
 	@seed=$(SEED); echo "fuzz seed: $$seed (make fuzz SEED=$$seed reproduces it)"; \
 	  ELASTRAIN_FUZZ_SEED=$$seed ELASTRAIN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
-	  $(PY) -m pytest -q -p no:cacheprovider -rxXs tests/contract/test_schemathesis.py; \
+	  $(PYTEST) -rxXs tests/contract/test_schemathesis.py; \
 	  status=$$?; echo "fuzz seed: $$seed"; exit $$status
 
 bench: install
 	$(PY) bench/vs_torchrun.py --json artifacts/bench.json
+
+# scheduler policies on the Philly trace windows (simulated; prints avg/p99 JCT per policy and GPU count)
+bench-scheduler: install
+	$(PY) bench/scheduler.py --jobs 2
 
 clean:
 	rm -rf $(VENV) artifacts build *.egg-info
