@@ -13,6 +13,11 @@
   (speed by GPU count *and* node count); the same ``job_speed`` drives policies and simulator.
 * :mod:`~elastrain.scheduler.simulator` (+ ``trace``, ``metrics``, ``plot``, ``cli``) —
   ``elastrain simulate``: the same policies on a virtual clock. See docs/scheduler.md.
+* Benchmark mode (Pollux's own evaluation, ``elastrain simulate --benchmark``):
+  :mod:`~elastrain.scheduler.goodput` (Pollux's goodput model, batch-size optimiser, profile fit),
+  :mod:`~elastrain.scheduler.benchmark` (job lists and per-model measurements),
+  :mod:`~elastrain.scheduler.benchsim` (the epoch-based loop on the artifact's 60 s grid),
+  :mod:`~elastrain.scheduler.benchreport` and :mod:`~elastrain.scheduler.benchcli`.
 
 Nothing here imports numpy, scipy or matplotlib at module import time, nor anything of the control
 plane (``elastrain.server``, ``portal``, ``db``, ``backends``; an import-linter contract checks it).

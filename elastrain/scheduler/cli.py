@@ -14,8 +14,25 @@ from elastrain.errors import ConfigError
 def add_simulate_command(sub: argparse._SubParsersAction) -> None:
     """Register the ``simulate`` subcommand on the CLI's subparsers."""
     p = sub.add_parser("simulate", help="replay a job trace through scheduling policies (virtual clock)")
+    p.add_argument("--trace", type=Path, help="CSV with job_id,submit_time_s,num_gpus,duration_s")
     p.add_argument(
-        "--trace", type=Path, required=True, help="CSV with job_id,submit_time_s,num_gpus,duration_s"
+        "--benchmark",
+        type=Path,
+        help="Pollux benchmark list (set,workload,job_id,submit_time_s,application,num_gpus,batch_size) "
+        "instead of --trace: jobs train their model's epochs at the measured goodput",
+    )
+    p.add_argument("--set", dest="bench_set", help="benchmark set in the list (default: the only one)")
+    p.add_argument("--workload", default="all", help="benchmark workload, or all (default): their mean")
+    p.add_argument(
+        "--app-data",
+        type=Path,
+        help="folder with step_times.csv and grad_stats.csv (default: ../pollux_throughput beside the list)",
+    )
+    p.add_argument(
+        "--batch-mode",
+        default="auto",
+        choices=("auto", "fixed", "adaptive"),
+        help="benchmark batch sizes: fixed (the list's), adaptive (by goodput), auto (adaptive for elastic)",
     )
     p.add_argument("--gpus", type=int, required=True, help="GPUs in the simulated cluster")
     group = p.add_mutually_exclusive_group()
@@ -28,7 +45,9 @@ def add_simulate_command(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", type=Path, help="write {policy: metrics} as JSON here")
     p.add_argument("--plot", type=Path, help="write a PNG of GPUs in use and queue length over time")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=0, help="GPUs per simulated node (default 8; 4 with --benchmark)"
+    )
     p.add_argument("--repeat", type=int, default=1, help="replay the trace N times back to back (scale test)")
     p.add_argument(
         "--restart-cost",
@@ -84,6 +103,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from elastrain.scheduler.simulator import SimConfig, simulate
     from elastrain.scheduler.trace import read_trace, repeat_trace
 
+    if (args.trace is None) == (args.benchmark is None):
+        raise ConfigError("give either --trace CSV or --benchmark CSV (one of them)")
+    if args.gpus_per_node == 0:
+        args.gpus_per_node = 4 if args.benchmark is not None else 8
     if args.gpus < 1 or args.gpus_per_node < 1:
         raise ConfigError("--gpus and --gpus-per-node must be >= 1")
     if args.restart_cost < 0 or args.interval <= 0 or args.max_gpus_default < 0:
@@ -94,6 +117,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if not names or len(set(names)) != len(names):
         raise ConfigError("give each policy once, e.g. --compare static,elastic,tiresias")
     policies = [make_policy(n, args.tiresias_threshold) for n in names]
+    if args.benchmark is not None:
+        from elastrain.scheduler.benchcli import cmd_benchmark
+
+        return cmd_benchmark(args, names)
     jobs = repeat_trace(read_trace(args.trace), args.repeat)
     config = SimConfig(
         gpus=args.gpus,
