@@ -104,6 +104,52 @@ class JobStatus(str, enum.Enum):
     Cancelled = "Cancelled"
 
 
+class EventAction(str, enum.Enum):
+    """What an audit event records, as ``object.verb``: every action the control plane emits.
+
+    Stored as its value in ``events.action`` (a plain string column: a row written by another version
+    of the server may hold an action this one does not know; the API answers it as `unknown`)."""
+
+    cluster_created = "cluster.created"
+    cluster_scaled = "cluster.scaled"
+    cluster_exec = "cluster.exec"
+    cluster_delete_requested = "cluster.delete_requested"
+    cluster_deleted = "cluster.deleted"
+    cluster_admitted = "cluster.admitted"
+    cluster_rescheduled = "cluster.rescheduled"
+    cluster_pending = "cluster.pending"
+    cluster_running = "cluster.running"
+    container_created = "container.created"
+    container_running = "container.running"
+    container_failed = "container.failed"
+    container_terminating = "container.terminating"
+    container_removed = "container.removed"
+    container_orphan_stopped = "container.orphan_stopped"
+    hostfile_written = "hostfile.written"
+    reconcile_failed = "reconcile.failed"
+    job_submitted = "job.submitted"
+    job_attached = "job.attached"
+    job_cancelled = "job.cancelled"
+    job_checkpoint = "job.checkpoint"
+    job_incident = "job.incident"
+    token_created = "token.created"
+    token_revoked = "token.revoked"
+    user_created = "user.created"
+    user_quota_changed = "user.quota_changed"
+    unknown = "unknown"
+    """Never recorded: how the API answers a stored action this server does not know (the stored name
+    is then in the event's ``detail.action``)."""
+
+    @classmethod
+    def of_cluster_state(cls, state: ClusterState) -> EventAction:
+        """The event of a cluster entering `state` (Terminating: only a delete request does that)."""
+        return {
+            ClusterState.Pending: cls.cluster_pending,
+            ClusterState.Running: cls.cluster_running,
+            ClusterState.Terminating: cls.cluster_delete_requested,
+        }[state]
+
+
 def _enum(cls: type[enum.Enum], name: str) -> Enum:
     return Enum(cls, name=name, native_enum=False, length=32, validate_strings=True)
 

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from elastrain.db.models import ApiToken, Cluster, Container, Event, Job, User, utcnow
+from elastrain.db.models import ApiToken, Cluster, Container, Event, EventAction, Job, User, utcnow
 
 
 def hash_token(token: str) -> str:
@@ -68,18 +68,19 @@ def user_by_token(session: Session, token: str) -> User | None:
 def add_event(
     session: Session,
     actor: str,
-    action: str,
+    action: EventAction,
     cluster: str = "",
     owner_id: int | None = None,
     **detail: object,
 ) -> None:
     """Append an audit event, keyed by the uid and owner of the cluster called `cluster` now (names
     are reused after a delete); an event of a cluster belongs to its owner's trail, whoever acted."""
+    stored = EventAction(action).value  # a stray string that is no action is refused (ValueError)
     row = _cluster_now(session, cluster)
     session.add(
         Event(
             actor=actor,
-            action=action,
+            action=stored,
             cluster=cluster,
             cluster_uid=row.uid if row is not None else "",
             owner_id=row.owner_id if row is not None else owner_id,

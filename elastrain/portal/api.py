@@ -11,7 +11,7 @@ import logging
 import pathlib
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Path, Query, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, FastAPI, Query, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel
 from sqlalchemy import select
 
@@ -19,13 +19,13 @@ from elastrain.db.models import ContainerState, JobMetric, User
 from elastrain.portal.terminal import TerminalRegistry, TerminalSession, TerminalTarget
 from elastrain.server.deps import CurrentUser, JobsDep, ServicesDep, user_for_token
 from elastrain.server.errors import Conflict, Forbidden, NotFound, Unauthorized
-from elastrain.server.fields import UtcDatetime
+from elastrain.server.fields import MAX_DB_INT, UtcDatetime
 from elastrain.server.openapi import errors
+from elastrain.server.routes_jobs import JobId
 from elastrain.server.services import Services
 
 log = logging.getLogger("elastrain.portal")
 AUTH_TIMEOUT_S = 10.0
-MAX_ID = 2**62  # database integers are 64-bit; larger ids are a 422, not a 500
 
 
 class MetricOut(BaseModel):
@@ -43,8 +43,8 @@ class MetricOut(BaseModel):
 def terminal_target(services: Services, user: User, name: str) -> TerminalTarget:
     """Where the caller's terminal runs: the launcher container of their cluster `name`.
 
-    The rules of REST exec (`ExecService.find`): 403 on the process backend without
-    --insecure-process-backend, 404 for a cluster the caller cannot see, 403 for one they see but do
+    The rules of REST exec (`ExecService.find`): 403 on the process and Slurm backends without
+    --insecure-host-commands, 404 for a cluster the caller cannot see, 403 for one they see but do
     not own (an admin's view of a tenant's); 409 while the launcher is not Running.
     """
     commands = services.commands
@@ -80,9 +80,12 @@ def add_portal_api(app: FastAPI) -> None:
     def get_job_metrics(
         services: ServicesDep,
         jobs: JobsDep,
-        job_id: Annotated[int, Path(ge=0, le=MAX_ID)],
+        job_id: JobId,
         user: CurrentUser,
-        after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+        after: Annotated[
+            int,
+            Query(ge=0, le=MAX_DB_INT, description="only the reports with a larger id (0: from the start)"),
+        ] = 0,
         limit: Annotated[int, Query(ge=1, le=20000)] = 5000,
     ) -> list[MetricOut]:
         """The job's progress reports in order (those with id > `after`): the time series behind charts."""

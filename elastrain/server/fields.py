@@ -35,6 +35,10 @@ Count = Annotated[int, Field(ge=0, le=MAX_DB_INT)]
 """A non-negative integer stored in the database (step, epoch, bytes, ...)."""
 DbInt = Annotated[int, Field(ge=-MAX_DB_INT - 1, le=MAX_DB_INT)]
 """Any integer a 64-bit database column holds."""
+MAX_EPOCH_S = 253402300799.0
+"""The last second of year 9999 in epoch seconds: the latest time an RFC 3339 timestamp can hold."""
+EpochSeconds = Annotated[float, Field(ge=0, le=MAX_EPOCH_S)]
+"""A wall-clock time as seconds since 1970-01-01T00:00:00Z (what `time.time()` gives)."""
 MAX_ARGUMENT = 32768
 """The longest command argument, in characters (Linux refuses one over 128 KiB of UTF-8)."""
 MAX_ARGUMENTS = 4096

@@ -11,7 +11,16 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from elastrain.db.models import JobStatus
 from elastrain.rendezvous.api import Cause
-from elastrain.server.fields import Body, Command, CommandArgument, Count, DbInt, SafeText, UtcDatetime
+from elastrain.server.fields import (
+    Body,
+    Command,
+    CommandArgument,
+    Count,
+    DbInt,
+    EpochSeconds,
+    SafeText,
+    UtcDatetime,
+)
 
 
 class JobSubmit(Body):
@@ -76,7 +85,9 @@ class JobAttached(BaseModel):
 
 
 class JobIncident(Body):
-    """A generation change of a running job, as `elastrain run` records it (see rendezvous.incidents)."""
+    """A generation change of a running job, as `elastrain run` records it (see rendezvous.incidents).
+
+    Its times (``*_at``) are epoch seconds here; the job's events answer them as RFC 3339 UTC."""
 
     model_config = ConfigDict(extra="forbid")
     generation: Count
@@ -87,10 +98,16 @@ class JobIncident(Body):
     detect_s: float = Field(ge=0)
     recover_s: float | None = Field(default=None, ge=0)
     samples_replayed: Count | None = None
-    fault_at: float | None = None
-    detected_at: float | None = None
-    formed_at: float | None = None
-    first_step_at: float | None = None
+    fault_at: EpochSeconds | None = Field(
+        default=None, description="when the fault happened, as far as the coordinator can tell"
+    )
+    detected_at: EpochSeconds | None = Field(
+        default=None, description="when the coordinator decided a new generation was needed"
+    )
+    formed_at: EpochSeconds | None = Field(default=None, description="when the generation formed")
+    first_step_at: EpochSeconds | None = Field(
+        default=None, description="when the new generation completed its first step"
+    )
 
 
 class JobOut(BaseModel):

@@ -26,7 +26,17 @@ from sqlalchemy.orm import Session
 from elastrain.backends.api import Backend
 from elastrain.backends.procs import cmdline, pid_alive
 from elastrain.contracts.env import ReportEnv
-from elastrain.db.models import Cluster, ContainerState, Event, Job, JobMetric, JobStatus, User, utcnow
+from elastrain.db.models import (
+    Cluster,
+    ContainerState,
+    Event,
+    EventAction,
+    Job,
+    JobMetric,
+    JobStatus,
+    User,
+    utcnow,
+)
 from elastrain.db.repository import add_event, find_cluster, hash_token, visible_jobs
 from elastrain.db.session import Database
 from elastrain.server import schemas
@@ -46,6 +56,9 @@ from elastrain.server.job_files import (
 )
 from elastrain.server.membership import JobMembership
 from elastrain.server.reconciler import aware, container_spec, tenant_uid
+
+JOB_EVENTS = "job."
+"""The prefix of every job event's action (`EventAction.job_submitted`, ...): a job's trail."""
 
 
 @dataclass
@@ -94,7 +107,9 @@ class JobService:
             exit_file = self.backend.path_inside(cluster.name, launcher.name, exit_path(job.id))
             proc = self.commands.start(spec, req.command, env=env, log_path=log_path, exit_file=exit_file)
             job.pid = proc.pid
-            add_event(session, user.name, "job.submitted", name, user.id, job=job.id, command=req.command)
+            add_event(
+                session, user.name, EventAction.job_submitted, name, user.id, job=job.id, command=req.command
+            )
             return job_out(job, cluster.name)
 
     def _new_job(
@@ -155,7 +170,13 @@ class JobService:
             job, _log = self._new_job(session, cluster, launcher.name, user, req.command, report_token)
             job.pid = pid
             add_event(
-                session, user.name, "job.attached", cluster.name, user.id, job=job.id, command=req.command
+                session,
+                user.name,
+                EventAction.job_attached,
+                cluster.name,
+                user.id,
+                job=job.id,
+                command=req.command,
             )
             inside = self.backend.path_inside
             return schemas.JobAttached(
@@ -211,7 +232,7 @@ class JobService:
                         spec, "ELASTRAIN_JOB_ID", str(job.id), job.pid, signal.SIGTERM
                     )
                 job.status, job.finished_at = JobStatus.Cancelled, utcnow()
-                add_event(session, user.name, "job.cancelled", cluster, user.id, job=job.id)
+                add_event(session, user.name, EventAction.job_cancelled, cluster, user.id, job=job.id)
             return job_out(job, cluster)
 
     def report(self, job_id: int, token: str, progress: schemas.JobProgress) -> None:
@@ -220,7 +241,9 @@ class JobService:
             job = self._authenticated(session, job_id, token)
             self._record(session, job, progress.model_dump())
             if progress.checkpoint is not None:
-                self._add_job_event(session, job, "job", "job.checkpoint", progress.checkpoint.model_dump())
+                self._add_job_event(
+                    session, job, "job", EventAction.job_checkpoint, progress.checkpoint.model_dump()
+                )
         if progress.hosts is not None:
             self.membership.record(job_id, progress.hosts)
 
@@ -228,7 +251,7 @@ class JobService:
         """The checkpoints the job reported, newest first."""
         with self.db.session() as session:
             job, cluster = self._job(session, user, job_id)
-            found = self._job_events(session, job, cluster, "job.checkpoint")
+            found = self._job_events(session, job, cluster, EventAction.job_checkpoint)
             out = []
             for event, detail in reversed(found):
                 detail.pop("job")
@@ -240,24 +263,22 @@ class JobService:
         with self.db.session() as session:
             job = self._authenticated(session, job_id, token)
             detail = incident.model_dump(mode="json", exclude_none=True)
-            self._add_job_event(session, job, "elastrain run", "job.incident", detail)
+            self._add_job_event(session, job, "elastrain run", EventAction.job_incident, detail)
 
     def events(self, user: User, job_id: int) -> Sequence[schemas.EventOut]:
         """The job's events (submitted, incidents, checkpoints, cancelled), oldest first."""
         with self.db.session() as session:
             job, cluster = self._job(session, user, job_id)
             return [
-                schemas.EventOut(
-                    at=event.at, actor=event.actor, action=event.action, cluster=cluster, detail=detail
-                )
-                for event, detail in self._job_events(session, job, cluster, "job.")
+                schemas.EventOut.stored(event.at, event.actor, event.action, cluster, detail)
+                for event, detail in self._job_events(session, job, cluster)
             ]
 
     @staticmethod
     def _job_events(
-        session: Session, job: Job, cluster: str, action: str
+        session: Session, job: Job, cluster: str, action: EventAction | None = None
     ) -> Sequence[tuple[Event, dict[str, Any]]]:
-        """`job`'s events whose action starts with `action`, oldest first, with their decoded detail.
+        """`job`'s events (only those of `action` if given), oldest first, with their decoded detail.
 
         Keyed by the job's cluster uid and owner (a later cluster of the same name, or a reused job id,
         never sees them)."""
@@ -269,7 +290,7 @@ class JobService:
             .where(
                 Event.cluster_uid == row.uid,
                 Event.owner_id == job.owner_id,
-                Event.action.startswith(action),
+                Event.action.startswith(JOB_EVENTS) if action is None else Event.action == action.value,
             )
             .order_by(Event.id)
         )
@@ -277,7 +298,9 @@ class JobService:
         return [(event, detail) for event, detail in found if detail.get("job") == job.id]
 
     @staticmethod
-    def _add_job_event(session: Session, job: Job, actor: str, action: str, detail: dict[str, Any]) -> None:
+    def _add_job_event(
+        session: Session, job: Job, actor: str, action: EventAction, detail: dict[str, Any]
+    ) -> None:
         """Record an event of `job` in its cluster's trail (``detail`` gains the job id)."""
         cluster = session.get(Cluster, job.cluster_id)
         add_event(session, actor, action, cluster.name if cluster else "", job.owner_id, **detail, job=job.id)

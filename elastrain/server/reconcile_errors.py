@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from elastrain.db.models import EventAction
 from elastrain.db.repository import add_event
 from elastrain.db.session import Database
 
@@ -61,7 +62,7 @@ class StepFailures:
             detail["container"] = container
         try:
             with self.db.session() as session:
-                add_event(session, self.actor, "reconcile.failed", cluster, None, **detail)
+                add_event(session, self.actor, EventAction.reconcile_failed, cluster, None, **detail)
         except Exception as again:  # the database itself failing: the log line above says enough
             log.error("reconcile: cannot record the failure of %s: %s", where, one_line(again))
 

@@ -13,7 +13,16 @@ from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend, ContainerSpec, Mount
 from elastrain.backends.local import HOSTFILE_PATH
-from elastrain.db.models import Cluster, ClusterState, Container, ContainerState, Job, JobStatus, utcnow
+from elastrain.db.models import (
+    Cluster,
+    ClusterState,
+    Container,
+    ContainerState,
+    EventAction,
+    Job,
+    JobStatus,
+    utcnow,
+)
 from elastrain.db.repository import add_event, all_clusters, cluster_by_name
 from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
@@ -255,7 +264,7 @@ class Reconciler:
         if d.action == Action.stop_orphan:
             log.info("stopping orphan container %s/%s", d.cluster, d.container)
             self.backend.delete_container(d.cluster, d.container, cluster.uid if cluster else "")
-            add_event(session, ACTOR, "container.orphan_stopped", d.cluster, container=d.container)
+            add_event(session, ACTOR, EventAction.container_orphan_stopped, d.cluster, container=d.container)
             return
         if cluster is None:
             return
@@ -269,7 +278,7 @@ class Reconciler:
             self.backend.delete_cluster(cluster.name, cluster.uid)
             session.execute(delete(Job).where(Job.cluster_id == cluster.id))
             session.delete(cluster)
-            add_event(session, ACTOR, "cluster.deleted", d.cluster, cluster.owner_id)
+            add_event(session, ACTOR, EventAction.cluster_deleted, d.cluster, cluster.owner_id)
         elif d.action == Action.add:
             assert d.role is not None
             row = Container(
@@ -287,7 +296,7 @@ class Reconciler:
             add_event(
                 session,
                 ACTOR,
-                "container.created",
+                EventAction.container_created,
                 d.cluster,
                 cluster.owner_id,
                 container=d.container,
@@ -306,7 +315,7 @@ class Reconciler:
             add_event(
                 session,
                 ACTOR,
-                "container.running",
+                EventAction.container_running,
                 d.cluster,
                 cluster.owner_id,
                 container=row.name,
@@ -318,7 +327,7 @@ class Reconciler:
             add_event(
                 session,
                 ACTOR,
-                "container.failed",
+                EventAction.container_failed,
                 d.cluster,
                 cluster.owner_id,
                 container=row.name,
@@ -327,13 +336,18 @@ class Reconciler:
         elif d.action == Action.begin_terminate:
             row.state, row.terminating_since = ContainerState.Terminating, utcnow()
             add_event(
-                session, ACTOR, "container.terminating", d.cluster, cluster.owner_id, container=row.name
+                session,
+                ACTOR,
+                EventAction.container_terminating,
+                d.cluster,
+                cluster.owner_id,
+                container=row.name,
             )
         elif d.action == Action.remove:
             self.backend.delete_container(cluster.name, row.name, cluster.uid)
             session.delete(row)
             detail = {"container": row.name, **({"reason": d.reason} if d.reason else {})}
-            add_event(session, ACTOR, "container.removed", d.cluster, cluster.owner_id, **detail)
+            add_event(session, ACTOR, EventAction.container_removed, d.cluster, cluster.owner_id, **detail)
 
     def _start(self, session: Session, cluster: Cluster, row: Container) -> None:
         """Start the container; a backend that refuses (podman failing, image gone) or a mount source that
@@ -347,9 +361,14 @@ class Reconciler:
             log.warning("cannot start container %s/%s: %s", cluster.name, row.name, exc)
             row.state, row.reason = ContainerState.Failed, f"the backend could not start it: {exc}"
             add_event(
-                session, ACTOR, "container.failed", cluster.name, cluster.owner_id, container=row.name,
+                session,
+                ACTOR,
+                EventAction.container_failed,
+                cluster.name,
+                cluster.owner_id,
+                container=row.name,
                 reason=row.reason,
-            )  # fmt: skip
+            )
 
     def _apply_cluster(self, session: Session, cluster: Cluster, d: Decision) -> None:
         if d.action == Action.write_hostfile:
@@ -359,7 +378,7 @@ class Reconciler:
             add_event(
                 session,
                 ACTOR,
-                "hostfile.written",
+                EventAction.hostfile_written,
                 d.cluster,
                 cluster.owner_id,
                 generation=d.generation,
@@ -378,7 +397,7 @@ class Reconciler:
                 add_event(
                     session,
                     ACTOR,
-                    "cluster." + d.state.value.lower(),
+                    EventAction.of_cluster_state(d.state),
                     d.cluster,
                     cluster.owner_id,
                     reason=d.reason,

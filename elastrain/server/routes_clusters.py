@@ -30,6 +30,9 @@ EXEC_LINE = {
         "out": {"type": "string", "description": "a piece of the command's output"},
         "exit": {"type": "integer", "description": "the command's exit code (the last line)"},
     },
+    "minProperties": 1,
+    "maxProperties": 1,
+    "additionalProperties": False,
 }
 
 

@@ -31,7 +31,7 @@ LOG_HEADERS = {
     },
     "X-Job-Status": {
         "description": "the job's status now; stop following once it is not Running",
-        "schema": {"type": "string"},
+        "schema": {"$ref": "#/components/schemas/JobStatus"},
     },
 }
 

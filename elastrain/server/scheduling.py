@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from elastrain.db.models import Cluster, ClusterState, Job, JobMetric
+from elastrain.db.models import Cluster, ClusterState, EventAction, Job, JobMetric
 from elastrain.db.repository import add_event, all_clusters
 from elastrain.db.session import Database
 from elastrain.scheduler import api
@@ -217,7 +217,7 @@ def _write(session: Session, cluster: Cluster, target: Target) -> int:
     add_event(
         session,
         ACTOR,
-        "cluster.admitted" if not was_admitted else "cluster.rescheduled",
+        EventAction.cluster_admitted if not was_admitted else EventAction.cluster_rescheduled,
         cluster.name,
         cluster.owner_id,
         before=before if was_admitted else 0,

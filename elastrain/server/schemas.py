@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Annotated, Any
 
 from pydantic import (
     AwareDatetime,
@@ -13,11 +15,20 @@ from pydantic import (
     Field,
     JsonValue,
     StringConstraints,
+    model_validator,
 )
 
-from elastrain.db.models import ClusterState, ContainerRole, ContainerState, Framework, RestartPolicy
+from elastrain.db.models import (
+    ClusterState,
+    ContainerRole,
+    ContainerState,
+    EventAction,
+    Framework,
+    RestartPolicy,
+)
 from elastrain.server.fields import (
     MAX_DB_INT,  # re-exported: app.py
+    MAX_EPOCH_S,
     Body,
     ClusterName,
     Command,
@@ -237,7 +248,8 @@ class ClusterCreate(Body):
         default_factory=list,
         max_length=64,
         description="SOURCE:TARGET, both absolute and without '..'; SOURCE exists under the server's "
-        "--allow-mount roots (never its data directory); TARGET is not /, /etc, /etc/mpi, /var or /var/log",
+        "--allow-mount roots (never its data directory); TARGET is not /, /etc or /var, nor at or "
+        "under /etc/mpi, /var/log or the platform's other paths",
         examples=[["/home/me/data:/data"]],
     )
     restart_policy: RestartPolicyName = RestartPolicy.Always
@@ -312,29 +324,92 @@ class ExecRequest(Body):
     container: ContainerName | None = Field(default=None, description="default: the launcher")
 
 
+INCIDENT_TIMES = ("fault_at", "detected_at", "formed_at", "first_step_at")
+"""The times of a ``job.incident`` event's detail: stored as the epoch seconds `elastrain run` reports,
+answered as RFC 3339 UTC (``...Z``)."""
+
+
+def epoch_as_rfc3339(value: object) -> object:
+    """Epoch seconds as an RFC 3339 UTC timestamp with ``Z`` (microseconds kept); anything else (an
+    old row's odd value) unchanged."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_EPOCH_S:
+        return value
+    text = datetime.fromtimestamp(value, tz=timezone.utc).isoformat()
+    return text.removesuffix("+00:00") + "Z"
+
+
 class EventOut(BaseModel):
     """An audit event."""
 
     at: UtcDatetime
     actor: str = Field(description="a user's name, `reconciler`, `scheduler`, `server` or `elastrain run`")
-    action: str = Field(
-        description="`object.verb`, an open set that grows with the platform (so a string, not an enum): "
-        "cluster.created, cluster.scaled, cluster.exec, container.started, job.submitted, job.incident, ...",
-        examples=["cluster.created", "cluster.scaled", "job.submitted", "job.incident", "token.revoked"],
+    action: EventAction = Field(
+        description="`object.verb`: what happened. `unknown` is never recorded: it is how an event stored "
+        "by another version of the server with an action this one does not know is answered (the stored "
+        "name is then in `detail.action`)",
+        examples=["cluster.created"],
     )
     cluster: str
-    detail: dict[str, object]
+    detail: dict[str, object] = Field(
+        description="the action's particulars (`job`: the job id of a job event); in a `job.incident`, "
+        "`fault_at`, `detected_at`, `formed_at` and `first_step_at` are RFC 3339 UTC timestamps"
+    )
+
+    @classmethod
+    def stored(
+        cls, at: datetime, actor: str, action: str, cluster: str, detail: dict[str, object]
+    ) -> EventOut:
+        """An event as a row of ``events`` holds it (the action a string, possibly one this server
+        does not know)."""
+        data = {"at": at, "actor": actor, "action": action, "cluster": cluster, "detail": detail}
+        return cls.model_validate(data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _readable(cls, data: Any) -> Any:
+        """A stored action this server does not know becomes `unknown` (its name kept in
+        ``detail.action``: no recorded event has a detail called ``action``); a ``job.incident``'s
+        epoch-second times become RFC 3339."""
+        if not isinstance(data, dict):
+            return data
+        action, detail = data.get("action"), data.get("detail")
+        if not isinstance(detail, dict):
+            return data
+        if isinstance(action, str) and action not in _ACTIONS:
+            return {**data, "action": EventAction.unknown, "detail": {**detail, "action": action}}
+        if action == EventAction.job_incident:
+            times = {k: epoch_as_rfc3339(detail[k]) for k in INCIDENT_TIMES if k in detail}
+            return {**data, "detail": {**detail, **times}}
+        return data
+
+
+_ACTIONS = frozenset(a.value for a in EventAction)
+
+
+def known_frameworks(names: Iterable[str]) -> list[Framework]:
+    """The frameworks of `names` clusters can be created with (an image label naming another is left
+    out, in order, without repeats)."""
+    known = {f.value: f for f in Framework}
+    return list(dict.fromkeys(known[n] for n in names if n in known))
+
+
+def rfc3339_or_none(text: str) -> datetime | None:
+    """An image's RFC 3339 creation time, or None when unknown ('') or unreadable."""
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
 
 
 class ImageOut(BaseModel):
     """An image clusters can be created from (the ``image`` field of a cluster)."""
 
     name: str
-    frameworks: list[str] = Field(description="the frameworks the image really holds")
+    frameworks: list[Framework] = Field(description="the frameworks the image really holds")
     size_bytes: int
-    created: str = Field(description="RFC 3339 UTC; empty when unknown")
+    created: UtcDatetime | None = Field(description="when the image was built (null when unknown)")
     description: str = ""
-    default_for: list[str] = Field(
+    default_for: list[Framework] = Field(
         default_factory=list,
         description="the frameworks whose clusters get this image when the create request names none",
     )

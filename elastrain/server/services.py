@@ -11,7 +11,15 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend
-from elastrain.db.models import Cluster, ClusterState, ContainerRole, ContainerState, User, utcnow
+from elastrain.db.models import (
+    Cluster,
+    ClusterState,
+    ContainerRole,
+    ContainerState,
+    EventAction,
+    User,
+    utcnow,
+)
 from elastrain.db.repository import (
     add_event,
     all_clusters,
@@ -80,7 +88,7 @@ class Services:
             if user_by_name(session, req.name) is not None:
                 raise Conflict(f"user {req.name!r} exists already")
             user, token = create_user(session, req.name, req.admin, expires_at=expires)
-            add_event(session, actor.name, "user.created", user=req.name, admin=req.admin)
+            add_event(session, actor.name, EventAction.user_created, user=req.name, admin=req.admin)
             return schemas.UserOut(name=user.name, admin=user.is_admin, token=token, token_expires_at=expires)
 
     # --- clusters ----------------------------------------------------------------------------------
@@ -155,7 +163,7 @@ class Services:
             add_event(
                 session,
                 user.name,
-                "cluster.created",
+                EventAction.cluster_created,
                 req.name,
                 user.id,
                 containers=req.containers,
@@ -190,7 +198,9 @@ class Services:
             before = cluster.desired_containers
             cluster.desired_containers = containers
             cluster.size_reason = f"scaled by {user.name}"
-            add_event(session, user.name, "cluster.scaled", name, user.id, before=before, after=containers)
+            add_event(
+                session, user.name, EventAction.cluster_scaled, name, user.id, before=before, after=containers
+            )
             out = cluster_out(cluster)
         self._changed()
         return out
@@ -201,7 +211,7 @@ class Services:
             cluster = self._get(session, user, name)
             if cluster.state != ClusterState.Terminating:
                 cluster.state, cluster.reason = ClusterState.Terminating, "deleting"
-                add_event(session, user.name, "cluster.delete_requested", name, user.id)
+                add_event(session, user.name, EventAction.cluster_delete_requested, name, user.id)
             out = cluster_out(cluster)
         self._changed()
         return out
@@ -217,13 +227,7 @@ class Services:
         with self.db.session() as session:
             cluster = self._get(session, user, name)
             return [
-                schemas.EventOut(
-                    at=e.at,
-                    actor=e.actor,
-                    action=e.action,
-                    cluster=e.cluster,
-                    detail=json.loads(e.detail or "{}"),
-                )
+                schemas.EventOut.stored(e.at, e.actor, e.action, e.cluster, json.loads(e.detail or "{}"))
                 for e in events_for(session, cluster)
             ]
 
@@ -249,11 +253,11 @@ class Services:
         return [
             schemas.ImageOut(
                 name=i.name,
-                frameworks=list(i.frameworks),
+                frameworks=schemas.known_frameworks(i.frameworks),
                 size_bytes=i.size_bytes,
-                created=i.created,
+                created=schemas.rfc3339_or_none(i.created),
                 description=i.description,
-                default_for=list(i.default_for),
+                default_for=schemas.known_frameworks(i.default_for),
             )
             for i in sorted(found, key=lambda i: i.created, reverse=True)
         ]
@@ -287,7 +291,13 @@ class Services:
                 raise Conflict(f"container {row.name} is {row.state.value}, not Running; wait and retry")
             spec = self.commands.spec(cluster, row)
             add_event(
-                session, user.name, "cluster.exec", name, user.id, container=row.name, command=req.command
+                session,
+                user.name,
+                EventAction.cluster_exec,
+                name,
+                user.id,
+                container=row.name,
+                command=req.command,
             )
         return self.commands.stream(user, spec, req.command)
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from elastrain.db.models import ApiToken, User, utcnow
+from elastrain.db.models import ApiToken, EventAction, User, utcnow
 from elastrain.db.repository import add_event, issue_token, token_row, user_by_name
 from elastrain.db.session import Database
 from elastrain.server import quotas, schemas
@@ -85,7 +85,7 @@ def create_token(
         add_event(
             session,
             actor.name,
-            "token.created",
+            EventAction.token_created,
             owner_id=target.id,
             user=name,
             token_id=row.id,
@@ -115,7 +115,14 @@ def revoke_token(db: Database, actor: User, name: str, token_id: int) -> schemas
             raise NotFound(f"token {token_id} not found for user {name} (elastrain user token list {name})")
         if row.revoked_at is None:
             row.revoked_at = now
-            add_event(session, actor.name, "token.revoked", owner_id=target.id, user=name, token_id=token_id)
+            add_event(
+                session,
+                actor.name,
+                EventAction.token_revoked,
+                owner_id=target.id,
+                user=name,
+                token_id=token_id,
+            )
         return token_out(row, now)
 
 
@@ -155,6 +162,8 @@ def update_user(
         for kind, value in changed.items():
             setattr(target, f"quota_{kind}", value)
         if changed:
-            add_event(session, actor.name, "user.quota_changed", owner_id=target.id, user=name, **changed)
+            add_event(
+                session, actor.name, EventAction.user_quota_changed, owner_id=target.id, user=name, **changed
+            )
         session.flush()
         return user_detail(session, target, defaults)

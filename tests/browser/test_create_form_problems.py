@@ -6,8 +6,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from elastrain.testing.server import ControlPlane
 from tests.browser.conftest import sign_in
+
+pytestmark = pytest.mark.browser
 
 
 def test_one_submit_marks_every_bad_field(server: ControlPlane, page: Any, shot: Callable[..., Path]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 from elastrain.testing.jobs import REPO
 from elastrain.testing.server import ControlPlane
 from elastrain.testing.waits import wait_until
-from tests.browser.conftest import PHONE, sign_in
+from tests.browser.conftest import DESKTOP, PHONE, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -31,6 +32,18 @@ RUN_EXAMPLE = (
     "--checkpoint-dir /data/ckpt --checkpoint-every 40 "
     "python /data/mnist_elastic.py --epochs 200 --batch-size 250 --step-sleep 0.05"
 )
+
+
+def tokyo_and_utc(stamp: str) -> tuple[str, str]:
+    """How the portal shows the RFC 3339 time `stamp` in an en-US browser in Tokyo (UTC+9): the local
+    time as `toLocaleString` writes it, and its title, the UTC value as `toISOString` writes it."""
+    when = datetime.fromisoformat(stamp)
+    assert when.utcoffset() == timedelta(0), f"{stamp} is not UTC with its zone"
+    millis = when.microsecond // 1000
+    utc = when.strftime("%Y-%m-%dT%H:%M:%S") + (f".{millis:03d}" if millis else "") + "Z"
+    local = when.astimezone(timezone(timedelta(hours=9)))
+    clock = f"{local.hour % 12 or 12}:{local:%M:%S} {'AM' if local.hour < 12 else 'PM'}"
+    return f"{local.month}/{local.day}/{local.year}, {clock}", utc
 
 
 def _containers(tab: Any, state: str) -> Any:
@@ -88,6 +101,21 @@ def test_create_scale_job_terminal_delete(
     page.locator("#hostfile").filter(has_text="slots=1").wait_for()
     assert "created with 2 containers (horovod)" in page.locator("#events-body").inner_text()
     shot(page, "04-cluster-running")
+
+    # Times are shown in the browser's zone with the UTC value in the title: in a Tokyo browser, the
+    # "created" event's time reads 9 hours ahead of the API's `at`.
+    with server.client() as c:
+        created = next(e for e in c.events("tthvd") if e["action"] == "cluster.created")
+    tokyo = browser.new_context(viewport=DESKTOP, timezone_id="Asia/Tokyo", locale="en-US")
+    try:
+        tab = tokyo.new_page()
+        sign_in(tab, server.url, server.token)
+        tab.goto(f"{server.url}/clusters/tthvd")
+        shown = tab.locator("#events-body tr").filter(has_text="created with 2 containers").locator("time")
+        text = shown.inner_text().replace("\u202f", " ")  # ICU puts a narrow space before AM/PM
+        assert (text, shown.get_attribute("title")) == tokyo_and_utc(created["at"]), created
+    finally:
+        tokyo.close()
 
     # The job form runs a command detached in the launcher container; its page shows how it ended.
     page.get_by_label("Command").fill("echo submitted-from-the-form")

@@ -22,20 +22,41 @@ Each rewrite keeps a request as valid or as invalid as it was (a valid value map
 invalid one is left alone; the cap is monotonic, so ``min <= containers <= max`` holds after it iff it
 held before); schemathesis revalidates what a ``before_call`` hook changes anyway.
 
+- **the job routes' own credentials**: ``POST /jobs/{job_id}/progress`` and ``/incidents`` carry the
+  ``X-Job-Token`` of a job the harness submitted, and a valid job id in the path becomes that job's id
+  (a job's token is good for its own id only); ``POST /jobs/attach`` carries an attach token of a shell
+  in the harness's cluster, and a valid ``pid`` becomes a live process of its launcher (the harness's
+  sleeper job): so these routes' bodies are fuzzed past authentication, and a valid report is taken;
+- **the harness's own cluster and processes** are never deleted or cancelled: ``DELETE`` of the
+  harness's cluster, of its sleeper job or of a job attached to the sleeper targets one that does not
+  exist instead (cancelling an attached job would kill the sleeper, and later attaches would fail; a
+  job is known as attached to the sleeper by its pid, read from the API).
+
 The ``after_call`` hook keeps at most ``MAX_LIVE_CLUSTERS`` clusters of a run alive: past that, the
 oldest one it created is deleted (the server drains it), so a long run does not pile up processes.
+
+``application/x-ndjson`` (the exec stream) has a deserializer, so its answers are checked against the
+schema too: every line is an object of the documented shape, the last one ``{"exit": CODE}``.
+
 Settings come from the environment the test sets: ``ELASTRAIN_ST_PROTECTED_TOKENS`` (token ids, comma
-separated).
+separated), ``ELASTRAIN_ST_TOKEN`` (the run's identity) and ``ELASTRAIN_ST_HARNESS`` (a JSON object:
+``api_url``, ``cluster``, ``job_id``, ``job_token``, ``attach_token``, ``attach_pid``, ``sleeper_job``;
+see `Harness`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import cache
 from typing import Any
 from urllib.parse import quote
 
+import jsonschema_rs
 import requests
 import schemathesis
 from pydantic import TypeAdapter, ValidationError
@@ -55,6 +76,39 @@ _COUNT_FIELDS = ("containers", "min_containers", "max_containers")
 _DETOUR = 1_000_000  # protected token id + this: an id no token has in a test server
 _INT = TypeAdapter(int)
 _created: deque[tuple[str, str]] = deque()  # (cluster URL, Authorization) of the clusters created
+MAX_DB_INT = 2**63 - 1  # the server's bound on ids (elastrain.server.fields.MAX_DB_INT)
+MAX_PID = 2**31 - 1  # JobAttach.pid's bound
+_JOB_TOKEN_ROUTES = ("/jobs/{job_id}/progress", "/jobs/{job_id}/incidents")
+_ATTACH_ROUTE = "/jobs/attach"
+_JOB_ROUTE = "/jobs/{job_id}"
+_CLUSTER_ROUTE = "/clusters/{name}"
+_NO_SUCH_CLUSTER = "st-no-such-cluster"
+
+
+@dataclass(frozen=True)
+class Harness:
+    """What the test set up before the run: its cluster, a finished job and its report token, an attach
+    token of a shell in the cluster, and a live process of the launcher (a sleeper job) to attach."""
+
+    api_url: str = ""
+    cluster: str = ""
+    job_id: int = 0
+    job_token: str = ""
+    attach_token: str = ""
+    attach_pid: int = 0
+    sleeper_job: int = 0
+
+    @classmethod
+    def from_env(cls) -> Harness:
+        """``ELASTRAIN_ST_HARNESS`` (JSON); an empty `Harness` without it."""
+        raw = os.environ.get("ELASTRAIN_ST_HARNESS", "")
+        return cls(**json.loads(raw)) if raw else cls()
+
+
+@cache
+def harness() -> Harness:
+    """The harness of this run (read once)."""
+    return Harness.from_env()
 
 
 def protected_tokens() -> frozenset[int]:
@@ -152,6 +206,59 @@ def distinct_mount_targets(body: dict[str, Any]) -> dict[str, Any]:
     return body if len(kept) == len(mounts) else {**body, "mounts": kept}
 
 
+def valid_int(value: Any, low: int, high: int) -> bool:
+    """`value` is an integer of the schema in ``low..high`` (an integral float counts, a bool never)."""
+    return _number(value) and low <= value <= high
+
+
+def with_header(headers: dict[str, Any] | None, name: str, value: str) -> dict[str, Any]:
+    """`headers` with `name` set to `value` (any spelling of `name` replaced)."""
+    kept = {k: v for k, v in (headers or {}).items() if k.lower() != name.lower()}
+    return {**kept, name: value}
+
+
+def job_report(
+    case_path: dict[str, Any] | None, headers: dict[str, Any] | None, found: Harness
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A job report's path parameters and headers: the harness job's token, and its id for a valid id."""
+    params = dict(case_path or {})
+    if valid_int(params.get("job_id"), 1, MAX_DB_INT):
+        params["job_id"] = found.job_id
+    return params, with_header(headers, "X-Job-Token", found.job_token)
+
+
+def attach_body(body: Any, found: Harness) -> Any:
+    """An attach request's body with a valid pid made the sleeper's (anything else as generated)."""
+    if isinstance(body, dict) and valid_int(body.get("pid"), 1, MAX_PID) and found.attach_pid:
+        return {**body, "pid": found.attach_pid}
+    return body
+
+
+def protected_job(value: Any, found: Harness, pid_of: Callable[[int], int | None]) -> bool:
+    """A job id (as the server reads the path segment) of the sleeper or of a job attached to it
+    (`pid_of`: a job's pid as the run's identity sees it; jobs attached in an earlier run count too)."""
+    number = as_server_int(value)
+    if number is None or not found.attach_pid:
+        return False
+    return number == found.sleeper_job or pid_of(number) == found.attach_pid
+
+
+def job_pid(job_id: int) -> int | None:
+    """The pid of job `job_id` as this run's identity sees it (None: not its job, or no answer)."""
+    url = harness().api_url
+    if not url or not 1 <= job_id <= MAX_DB_INT:
+        return None
+    token = os.environ.get("ELASTRAIN_ST_TOKEN", "")
+    try:
+        answer = requests.get(
+            f"{url}/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"}, timeout=10
+        )
+        pid = answer.json().get("pid") if answer.status_code == 200 else None
+    except (requests.RequestException, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) else None
+
+
 def as_server_int(value: Any) -> int | None:
     """The integer the server reads from a path segment (pydantic's lax parsing: "01", " 1", "1.0")."""
     try:
@@ -191,6 +298,20 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
         number = as_server_int(params.get("token_id"))
         if number is not None and number in protected_tokens():
             case.path_parameters = {**params, "token_id": number + _DETOUR}
+    elif method == "POST" and route in _JOB_TOKEN_ROUTES and harness().job_token:
+        case.path_parameters, case.headers = job_report(case.path_parameters, case.headers, harness())
+    elif method == "POST" and route == _ATTACH_ROUTE and harness().attach_token:
+        case.headers = with_header(case.headers, "X-Attach-Token", harness().attach_token)
+        if _positive(case):
+            case.body = attach_body(body, harness())
+    elif method == "DELETE" and route == _JOB_ROUTE:
+        params = case.path_parameters or {}
+        if protected_job(params.get("job_id"), harness(), job_pid):
+            case.path_parameters = {**params, "job_id": MAX_DB_INT}  # no such job
+    elif method == "DELETE" and route == _CLUSTER_ROUTE:
+        params = case.path_parameters or {}
+        if harness().cluster and params.get("name") == harness().cluster:
+            case.path_parameters = {**params, "name": _NO_SUCH_CLUSTER}
 
 
 @schemathesis.hook
@@ -212,3 +333,32 @@ def after_call(context: Any, case: Any, response: Any) -> None:
             requests.delete(oldest, headers={"Authorization": auth}, timeout=10)
         except requests.RequestException:
             pass  # the test's cleanup deletes whatever is left
+
+
+def ndjson_lines(content: bytes) -> list[Any]:
+    """The JSON value of every non-blank line of an NDJSON body (a blank line is a keep-alive);
+    ValueError for a line that is no JSON."""
+    return [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]
+
+
+def exec_stream(lines: list[Any], line_schema: dict[str, Any]) -> Any:
+    """The one value of an exec stream schemathesis checks against the schema of a line: the first line
+    that `line_schema` refuses (so the check reports it), else the last line, which must be the
+    ``{"exit": CODE}`` (an order a per-line schema cannot state: ValueError otherwise)."""
+    if not lines:
+        raise ValueError('an empty exec stream (no {"exit": CODE} line)')
+    validator = jsonschema_rs.validator_for(line_schema)
+    for line in lines:
+        if not validator.is_valid(line):
+            return line
+    exits = [i for i, line in enumerate(lines) if "exit" in line]
+    if exits != [len(lines) - 1]:
+        raise ValueError(f'the exec stream does not end with its one {{"exit": CODE}} line: {lines[-3:]!r}')
+    return lines[-1]
+
+
+@schemathesis.deserializer("application/x-ndjson")
+def deserialize_ndjson(ctx: Any, response: Any) -> Any:
+    """An exec stream (`exec_stream`): every line checked against the documented line schema."""
+    content = ctx.operation.definition.raw["responses"][str(response.status_code)]["content"]
+    return exec_stream(ndjson_lines(response.content), content["application/x-ndjson"]["schema"])

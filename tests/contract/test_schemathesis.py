@@ -5,6 +5,11 @@ Every phase (examples, coverage, fuzzing, stateful) and every check but ST301 (w
 identity: the admin's token, then a non-admin user's. The command-running routes are fuzzed too: the
 hooks in ``tests/contract/st_hooks.py`` turn every command into ``echo`` of the fuzzed strings, and the
 test checks afterwards that no job ran anything else, and that the harness's own tokens still work.
+The routes a job or a launcher shell calls with its own credential (``/jobs/{job_id}/progress``,
+``/jobs/{job_id}/incidents``, ``/jobs/attach``) are fuzzed past authentication: before the runs the
+admin sets up a cluster, a job whose ``X-Job-Token`` the hooks send (with that job's id in the path),
+an attach token and a sleeper process to attach (`set_up_harness`); exec's NDJSON answers are checked
+line by line (the hooks' ``application/x-ndjson`` deserializer).
 
 ``make test`` runs it at seed 7 with ``EXAMPLES`` examples per operation; ``make fuzz`` sets
 ``ELASTRAIN_FUZZ_SEED`` (random, printed) and ``ELASTRAIN_FUZZ_EXAMPLES`` (more). Every unique failure
@@ -16,6 +21,7 @@ makes the test xfail instead. Schemathesis's text output, its JSON summary and t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -28,10 +34,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from elastrain.testing.clusters import all_running
 from elastrain.testing.server import ControlPlane
+from elastrain.testing.waits import wait_until
 from tests.contract.conftest import REPO
 from tests.contract.findings import Finding, Known, read_findings
-from tests.contract.st_hooks import SAFE_PROGRAM
+from tests.contract.st_hooks import SAFE_PROGRAM, Harness
 
 SEED = int(os.environ.get("ELASTRAIN_FUZZ_SEED", "7"))
 EXAMPLES = int(os.environ.get("ELASTRAIN_FUZZ_EXAMPLES", "40"))
@@ -70,12 +78,52 @@ class Identities:
         )
 
 
+HARNESS_CLUSTER = "st-harness"
+PRINT_ATTACH_TOKEN = ["sh", "-c", 'printf %s "$ELASTRAIN_ATTACH_TOKEN"']  # an exec's shell gets one
+PRINT_REPORT_TOKEN = ["sh", "-c", 'printf %s "$ELASTRAIN_REPORT_TOKEN"']  # a job's own token
+SLEEPER = ["sleep", "3600"]  # a live process of the launcher, for attach requests to name
+SETUP_COMMANDS = (PRINT_ATTACH_TOKEN, PRINT_REPORT_TOKEN, SLEEPER)  # the harness's own, not fuzzed
+
+
+def set_up_harness(plane: ControlPlane) -> Harness:
+    """As the admin: a cluster, a finished job and its report token, an attach token (from an exec in
+    the launcher) and a sleeper job whose pid attach requests name (`st_hooks.Harness`)."""
+    with plane.client() as c:
+        c.create_cluster(HARNESS_CLUSTER, containers=2)
+        c.wait_cluster(HARNESS_CLUSTER, all_running, timeout=60)
+        attach_token = "".join(
+            part for part in c.exec(HARNESS_CLUSTER, PRINT_ATTACH_TOKEN) if isinstance(part, str)
+        )
+        job = c.submit_job(HARNESS_CLUSTER, PRINT_REPORT_TOKEN)
+        wait_until(lambda: c.get_job(job["id"])["status"] != "Running", 30, "the token job to end")
+        log = c.job_logs(job["id"])[0]
+        sleeper = c.submit_job(HARNESS_CLUSTER, SLEEPER)
+    report_token = log.split("\n", 1)[1] if "\n" in log else ""  # after the log's "$ COMMAND" line
+    assert attach_token and report_token and sleeper["pid"], (attach_token, log, sleeper)
+    return Harness(
+        api_url=plane.url + "/api/v1",
+        cluster=HARNESS_CLUSTER,
+        job_id=int(job["id"]),
+        job_token=report_token,
+        attach_token=attach_token,
+        attach_pid=int(sleeper["pid"]),
+        sleeper_job=int(sleeper["id"]),
+    )
+
+
 @pytest.fixture(scope="module")
 def identities(control_plane: ControlPlane) -> Identities:
     return Identities(control_plane)
 
 
-def run_schemathesis(url: str, token: str, protected: list[int], out: Path) -> tuple[int, str, float]:
+@pytest.fixture(scope="module")
+def harness(control_plane: ControlPlane) -> Harness:
+    return set_up_harness(control_plane)
+
+
+def run_schemathesis(
+    url: str, token: str, protected: list[int], harness: Harness, out: Path
+) -> tuple[int, str, float]:
     """`st run` with the contract settings; returns its exit status, its output and the seconds it took."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -88,6 +136,7 @@ def run_schemathesis(url: str, token: str, protected: list[int], out: Path) -> t
         **os.environ,
         "ELASTRAIN_ST_TOKEN": token,
         "ELASTRAIN_ST_PROTECTED_TOKENS": ",".join(str(i) for i in protected),
+        "ELASTRAIN_ST_HARNESS": json.dumps(dataclasses.asdict(harness)),
         "COLUMNS": "120",
     }
     t0 = time.monotonic()
@@ -121,10 +170,12 @@ def _report(findings: list[Finding]) -> str:
 
 
 @pytest.mark.parametrize("identity", IDENTITIES)
-def test_api_contract(identity: str, control_plane: ControlPlane, identities: Identities) -> None:
+def test_api_contract(
+    identity: str, control_plane: ControlPlane, identities: Identities, harness: Harness
+) -> None:
     out = REPORTS / identity
     rc, output, seconds = run_schemathesis(
-        control_plane.url, identities.tokens[identity], identities.token_ids, out
+        control_plane.url, identities.tokens[identity], identities.token_ids, harness, out
     )
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     events = out / "events.ndjson"  # can be hundreds of MB (30 MB request bodies): read, then removed
@@ -141,7 +192,7 @@ def test_api_contract(identity: str, control_plane: ControlPlane, identities: Id
     for who, token in identities.tokens.items():
         with identities.http(token) as http:
             assert http.get("/me").status_code == 200, f"the {who} token was lost during the run"
-    unsafe = [c for c in commands_run(control_plane) if c[:1] != [SAFE_PROGRAM]]
+    unsafe = [c for c in commands_run(control_plane) if c[:1] != [SAFE_PROGRAM] and c not in SETUP_COMMANDS]
     assert not unsafe, f"commands other than {SAFE_PROGRAM} ran: {unsafe[:20]}"
 
     unexpected = [f for f in findings if not any(k.matches(f) for k in KNOWN)]

@@ -4,19 +4,40 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
+
 from tests.contract.st_hooks import (
     CAP_CONTAINERS,
+    MAX_DB_INT,
     SAFE_PROGRAM,
+    Harness,
     as_server_int,
+    attach_body,
     capped_count,
     distinct_mount_targets,
+    exec_stream,
     future_expiry,
     harmless_command,
+    job_report,
+    ndjson_lines,
     ordered_bounds,
+    protected_job,
     shm_within_memory,
+    with_header,
 )
 
 NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
+HARNESS = Harness(
+    api_url="http://x/api/v1", cluster="st-harness", job_id=5, job_token="tok", attach_token="att",
+    attach_pid=4242, sleeper_job=6,
+)  # fmt: skip
+EXEC_LINE = {
+    "type": "object",
+    "properties": {"out": {"type": "string"}, "exit": {"type": "integer"}},
+    "minProperties": 1,
+    "maxProperties": 1,
+    "additionalProperties": False,
+}
 
 
 def test_commands_become_echo_of_every_fuzzed_item() -> None:
@@ -74,3 +95,43 @@ def test_mounts_keep_the_first_of_each_target() -> None:
     body = {"mounts": ["/a:/x", "/b://x/", "/c:/y", 7, 7]}
     assert distinct_mount_targets(body) == {"mounts": ["/a:/x", "/c:/y", 7, 7]}  # non-strings: as sent
     assert distinct_mount_targets({"mounts": "/a:/x"}) == {"mounts": "/a:/x"}
+
+
+def test_job_reports_carry_the_harness_jobs_token_and_id() -> None:
+    params, headers = job_report({"job_id": 99}, {"x-job-token": "fuzzed", "Other": "1"}, HARNESS)
+    assert params == {"job_id": 5} and headers == {"Other": "1", "X-Job-Token": "tok"}
+    assert job_report({"job_id": MAX_DB_INT}, None, HARNESS)[0] == {"job_id": 5}
+    for invalid in (0, -1, MAX_DB_INT + 1, "abc", True, 1.5):  # an invalid id stays invalid
+        assert job_report({"job_id": invalid}, None, HARNESS)[0] == {"job_id": invalid}
+    assert with_header({"X-JOB-TOKEN": "a"}, "X-Job-Token", "b") == {"X-Job-Token": "b"}
+
+
+def test_an_attach_names_the_sleeper_when_its_pid_is_valid() -> None:
+    assert attach_body({"command": ["x"], "pid": 1}, HARNESS) == {"command": ["x"], "pid": 4242}
+    for invalid in (0, -5, 2**31, "1", None):
+        assert attach_body({"command": ["x"], "pid": invalid}, HARNESS)["pid"] == invalid
+    assert attach_body([1], HARNESS) == [1] and attach_body({"command": ["x"]}, HARNESS) == {"command": ["x"]}
+
+
+def test_the_sleeper_and_the_jobs_attached_to_it_are_never_cancelled() -> None:
+    pids = {6: 4242, 7: 4242, 8: 1000}
+    assert [protected_job(v, HARNESS, pids.get) for v in (6, "07", 8, 9, "x")] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert not protected_job(6, Harness(), pids.get)  # no harness: nothing protected
+
+
+def test_an_exec_stream_is_checked_line_by_line() -> None:
+    lines = ndjson_lines(b'{"out": "a"}\n\n{"out": "b"}\n{"exit": 3}\n')
+    assert exec_stream(lines, EXEC_LINE) == {"exit": 3}
+    assert exec_stream([{"out": 1}, {"exit": 0}], EXEC_LINE) == {"out": 1}  # the schema check sees it
+    assert exec_stream([{"out": "a", "exit": 0}], EXEC_LINE) == {"out": "a", "exit": 0}
+    for bad in ([], [{"out": "a"}], [{"exit": 0}, {"out": "a"}], [{"exit": 0}, {"exit": 0}]):
+        with pytest.raises(ValueError):
+            exec_stream(bad, EXEC_LINE)
+    with pytest.raises(ValueError):
+        ndjson_lines(b'{"out": "a"}\nnot json\n')

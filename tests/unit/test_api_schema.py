@@ -5,6 +5,7 @@ with a zone; a control character in a command, a mount or a name is a 422 naming
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Iterator
@@ -19,7 +20,17 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from sqlalchemy import select
 
-from elastrain.db.models import ClusterState, ContainerState, Framework, Job, JobStatus, User
+import elastrain
+from elastrain.db.models import (
+    ClusterState,
+    ContainerState,
+    Event,
+    EventAction,
+    Framework,
+    Job,
+    JobStatus,
+    User,
+)
 from elastrain.db.repository import add_event, cluster_by_name
 from elastrain.db.session import Database
 from elastrain.portal.api import MetricOut
@@ -36,6 +47,7 @@ from elastrain.server.validation import (
 )
 from tests.security.server_app import make_app
 
+PACKAGE = Path(elastrain.__file__).parent
 ZONED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 
@@ -129,10 +141,143 @@ def test_states_statuses_frameworks_and_causes_are_enums(
     assert _prop(spec, model, field)["enum"] == [m.value for m in members]
 
 
-def test_event_action_is_documented_as_an_open_set(spec: dict[str, Any]) -> None:
+def test_event_action_is_the_enum_of_every_action(spec: dict[str, Any]) -> None:
     action = _prop(spec, "EventOut", "action")
-    assert action["type"] == "string" and "open set" in action["description"]
-    assert "cluster.created" in action["examples"]
+    assert action["enum"] == [m.value for m in EventAction]
+    assert "cluster.created" in action["enum"] and "unknown" in action["description"]
+
+
+def _recording_calls() -> Iterator[tuple[str, ast.Call, ast.expr]]:
+    """Every call that records an event in elastrain/ (``add_event``, ``_add_job_event``), with the
+    expression it passes as the action."""
+    position = {"add_event": 2, "_add_job_event": 3}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = (
+                func.id
+                if isinstance(func, ast.Name)
+                else func.attr
+                if isinstance(func, ast.Attribute)
+                else ""
+            )
+            if name not in position:
+                continue
+            keyword = [k.value for k in node.keywords if k.arg == "action"]
+            args = node.args[position[name]] if len(node.args) > position[name] else None
+            action = keyword[0] if keyword else args
+            assert action is not None, f"{path}:{node.lineno}: {name} without an action"
+            yield f"{path.relative_to(PACKAGE.parent)}:{node.lineno}", node, action
+
+
+def test_every_recorded_action_is_a_member_of_the_enum() -> None:
+    """No event is recorded with a string: every action passed is an `EventAction` member (or the one
+    computed from a cluster state), and every member but `unknown` is recorded somewhere."""
+    used: set[EventAction] = {EventAction.of_cluster_state(state) for state in ClusterState}
+    sites = 0
+    for where, _call, action in _recording_calls():
+        sites += 1
+        for node in ast.walk(action):
+            assert not (isinstance(node, ast.Constant) and isinstance(node.value, str)), (
+                where,
+                ast.unparse(action),
+            )
+            assert not isinstance(node, ast.JoinedStr), (where, ast.unparse(action))
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "EventAction"
+            ) and node.attr != "of_cluster_state":
+                used.add(EventAction[node.attr])
+        names = {n.id for n in ast.walk(action) if isinstance(n, ast.Name)}
+        assert names <= {"EventAction", "d", "was_admitted", "action"}, (where, ast.unparse(action))
+    assert sites >= 25, sites
+    assert set(EventAction) - used == {EventAction.unknown}
+
+
+def test_a_stored_action_this_server_does_not_know_is_answered_as_unknown(
+    api: tuple[TestClient, Path],
+) -> None:
+    client, root = api
+    _cluster(client, "old")
+    db = Database(f"sqlite:///{root / 'data' / 'elastrain.db'}")
+    try:
+        with db.session() as session:
+            row = cluster_by_name(session, "old")
+            assert row is not None
+            session.add(
+                Event(actor="reconciler", action="container.started", cluster="old", cluster_uid=row.uid,
+                      owner_id=row.owner_id, detail='{"container": "old-launcher"}')
+            )  # fmt: skip
+    finally:
+        db.dispose()
+    answer = client.get("/api/v1/clusters/old/events")
+    assert answer.status_code == 200, answer.text
+    events = answer.json()
+    assert {"action": "unknown", "detail": {"container": "old-launcher", "action": "container.started"}} in [
+        {"action": e["action"], "detail": e["detail"]} for e in events
+    ]
+    assert {e["action"] for e in events} <= {m.value for m in EventAction}
+    assert EventAction.cluster_created.value in {e["action"] for e in events}
+    with pytest.raises(ValueError):  # recording an action that is no member is refused
+        add_event(None, "admin", "container.started")  # type: ignore[arg-type]
+
+
+def test_incident_times_are_answered_as_rfc3339_utc(
+    api: tuple[TestClient, Path], spec: dict[str, Any]
+) -> None:
+    client, root = api
+    _cluster(client, "inc")
+    job = _job(root, "inc", incident={"generation": 1, "cause": "worker_failure", "fault_at": 1764616635.25,
+                                      "detected_at": 1764616636.0, "formed_at": 1764616637.5})  # fmt: skip
+    answer = client.get(f"/api/v1/jobs/{job}/events")
+    assert answer.status_code == 200, answer.text
+    incident = next(e["detail"] for e in answer.json() if e["action"] == "job.incident")
+    assert incident["fault_at"] == "2025-12-01T19:17:15.250000Z"
+    assert incident["detected_at"] == "2025-12-01T19:17:16Z" and incident["formed_at"].endswith(".500000Z")
+    assert incident["generation"] == 1 and "first_step_at" not in incident
+    for field in schemas.INCIDENT_TIMES:
+        bounds = _prop(spec, "JobIncident", field)
+        assert (bounds["type"], bounds["minimum"], bounds["maximum"]) == ("number", 0, schemas.MAX_EPOCH_S)
+    assert schemas.epoch_as_rfc3339(schemas.MAX_EPOCH_S) == "9999-12-31T23:59:59Z"
+    assert schemas.epoch_as_rfc3339(1e300) == 1e300  # an old row's odd value: answered as stored
+    with pytest.raises(ValidationError):
+        job_schemas.JobIncident.model_validate(
+            {"generation": 1, "cause": "start", "world_size": 1, "start_step": 0, "steps_lost": 0,
+             "detect_s": 0, "fault_at": 1e300}
+        )  # fmt: skip
+
+
+def test_log_headers_images_and_metrics_bounds_in_the_schema(spec: dict[str, Any]) -> None:
+    logs = spec["paths"]["/api/v1/jobs/{job_id}/logs"]["get"]["responses"]["200"]["headers"]
+    assert _resolve(spec, logs["X-Job-Status"]["schema"])["enum"] == [s.value for s in JobStatus]
+    for field in ("frameworks", "default_for"):
+        assert _resolve(spec, _prop(spec, "ImageOut", field)["items"])["enum"] == [f.value for f in Framework]
+    created = _model(spec, "ImageOut")["properties"]["created"]
+    assert {v.get("format") or v.get("type") for v in created["anyOf"]} == {"date-time", "null"}
+    bounds = {}
+    for route in ("/api/v1/jobs/{job_id}/metrics", "/api/v1/jobs/{job_id}/logs", "/api/v1/jobs/{job_id}"):
+        for param in spec["paths"][route]["get"]["parameters"]:
+            bounds[(route, param["name"])] = (param["schema"]["minimum"], param["schema"]["maximum"])
+    ids = {v for (_r, name), v in bounds.items() if name == "job_id"}
+    assert ids == {(1, 2**63 - 1)}, bounds
+    assert (
+        bounds[("/api/v1/jobs/{job_id}/metrics", "after")] == bounds[("/api/v1/jobs/{job_id}/logs", "offset")]
+    )
+    assert bounds[("/api/v1/jobs/{job_id}/metrics", "after")] == (0, 2**63 - 1)
+
+
+def test_image_frameworks_and_creation_time() -> None:
+    assert schemas.known_frameworks(["jax", "pytorch", "horovod", "pytorch"]) == [
+        Framework.pytorch,
+        Framework.horovod,
+    ]
+    assert schemas.rfc3339_or_none("") is None and schemas.rfc3339_or_none("yesterday") is None
+    image = schemas.ImageOut(name="i", frameworks=[], size_bytes=0,
+                             created=schemas.rfc3339_or_none("2026-12-01T19:17:15Z"))  # fmt: skip
+    assert json.loads(image.model_dump_json())["created"] == "2026-12-01T19:17:15Z"
 
 
 def test_one_refusal_names_every_bad_field() -> None:
@@ -247,8 +392,9 @@ def _cluster(client: TestClient, name: str) -> None:
         assert made.status_code == 201, made.text
 
 
-def _job(root: Path, cluster: str) -> int:
-    """A finished job of `cluster` and its events, written as SQLite keeps them (naive UTC)."""
+def _job(root: Path, cluster: str, incident: dict[str, Any] | None = None) -> int:
+    """A finished job of `cluster` and its events (with `incident`: a ``job.incident`` of that detail
+    too), written as SQLite keeps them (naive UTC)."""
     db = Database(f"sqlite:///{root / 'data' / 'elastrain.db'}")
     try:
         with db.session() as session:
@@ -266,7 +412,10 @@ def _job(root: Path, cluster: str) -> int:
             )
             session.add(job)
             session.flush()
-            add_event(session, "admin", "job.submitted", cluster, row.owner_id, job=job.id)
+            add_event(session, "admin", EventAction.job_submitted, cluster, row.owner_id, job=job.id)
+            if incident is not None:
+                add_event(session, "elastrain run", EventAction.job_incident, cluster, row.owner_id,
+                          **incident, job=job.id)  # fmt: skip
             return int(job.id)
     finally:
         db.dispose()
