@@ -15,7 +15,7 @@ mkdir -p "$DATA/examples"
 cp "$HERE/examples/mnist_elastic.py" "$HERE/examples/mnist1d_data.py" "$DATA/examples/"
 
 # the process backend refuses jobs and terminals unless told that this one machine's user is trusted
-"$PY" -m elastrain server --backend process --insecure-process-backend --port "$PORT" \
+"$PY" -m elastrain server --backend process --insecure-host-commands --port "$PORT" \
   --data-dir "$DATA/server" --gpus "$GPUS" --allow-mount "$DATA" >"$DATA/server.log" 2>&1 &
 SERVER=$!
 cleanup() {

@@ -36,8 +36,11 @@ from elastrain.backends.container_run import (
     JOBS_DIR,
     MPI_DIR,
     ClusterFiles,
+    env_flags,
     gpu_args,
     run_args,
+    run_env,
+    secret_env,
 )
 from elastrain.backends.filemodes import open_private_append, private_dir, tenant_dir
 from elastrain.backends.gateway import RelaySet
@@ -175,7 +178,8 @@ class ContainerBackend(Backend):
         if current is not None:
             podman("rm", "--force", self.container_name(spec.name), check=False)
         secret = self._prepare_cluster(spec)
-        podman(*self._run_args(spec, secret), timeout=180)
+        # the node secret is named in argv, its value in podman's environment (argv shows in `ps`)
+        podman(*self._run_args(spec, secret), timeout=180, env=secret_env(run_env(spec, secret)))
         self._refresh_hosts(spec.cluster)
         status = self._inspect(spec.name)
         return status or ContainerStatus(spec.cluster, spec.name, None, False, False, spec.address)
@@ -275,18 +279,21 @@ class ContainerBackend(Backend):
             os.close(fd)
 
     def _exec_prefix(self, spec: ContainerSpec, env: dict[str, str], tty: bool) -> list[str]:
+        """``podman exec ... CONTAINER`` with `env`; a secret's value (a token) is not in it: run it with
+        ``secret_env(env)`` in its environment (a long-lived ``podman exec`` shows its argv in `ps`)."""
         flags = ["--interactive", "--tty"] if tty else []
         argv = exec_argv("exec", *flags, "--user", f"{spec.tenant_uid}:{spec.tenant_uid}")
         argv += ["--workdir", self._home(spec)]
-        for key, value in sorted(env.items()):
-            argv += ["--env", f"{key}={value}"]
+        argv += env_flags(env)
         return [*argv, self.container_name(spec.name)]
 
     def exec(
         self, spec: ContainerSpec, command: list[str], log_path: Path | None = None
     ) -> subprocess.Popen[bytes]:
-        """Run `command` in the container as the tenant (``podman exec``); output to a pipe or `log_path`."""
+        """Run `command` in the container as the tenant (``podman exec``); output to a pipe or `log_path`.
+        Tokens in ``spec.env`` reach podman through its environment, never its argv."""
         argv = [*self._exec_prefix(spec, spec.env, tty=False), *command]
+        env = {**os.environ, **secret_env(spec.env)}
         if log_path is None:
             return subprocess.Popen(
                 argv,
@@ -294,6 +301,7 @@ class ContainerBackend(Backend):
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=env,
             )
         with open_private_append(log_path) as log_file:
             return subprocess.Popen(
@@ -302,10 +310,13 @@ class ContainerBackend(Backend):
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=env,
             )
 
     def terminal_command(self, spec: ContainerSpec, env: dict[str, str]) -> list[str] | None:
-        """An interactive bash in the container, as the tenant, in their home."""
+        """An interactive bash in the container, as the tenant, in their home. Secret variables of `env`
+        (the attach token) are named only: the caller runs the command with `env` in its environment
+        (the portal's terminal does)."""
         shell_env = {**spec.env, **env, "TERM": "xterm-256color", "PS1": f"[{spec.name}] \\W$ "}
         return [*self._exec_prefix(spec, shell_env, tty=True), "bash", "--norc", "-i"]
 

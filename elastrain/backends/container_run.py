@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,9 @@ NSSWITCH = "".join(
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # where podman (>= 4.1) reads CDI specs
 CDI_GPU_KIND = "nvidia.com/gpu"  # `nvidia-ctk cdi generate`: devices named by nvidia-smi index
 _CDI_KIND = re.compile(r"""["']?kind["']?\s*:\s*["']?nvidia\.com/gpu\b""")
+# names of variables whose values stay out of argv (ELASTRAIN_NODE_SECRET, ELASTRAIN_JOB_TOKEN,
+# ELASTRAIN_REPORT_TOKEN, ELASTRAIN_ATTACH_TOKEN, ...)
+_SECRET_ENV = re.compile(r"(?:SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|CREDENTIALS?)$", re.IGNORECASE)
 
 
 def cdi_gpus_available(dirs: tuple[Path, ...] | None = None) -> bool:
@@ -71,15 +75,31 @@ def gpu_env(spec: ContainerSpec) -> dict[str, str]:
     }
 
 
-def run_args(
-    spec: ContainerSpec,
-    secret: str,
-    files: ClusterFiles,
-    container_name: str,
-    server_key: str,
-    gpu_device_dir: Path,
-) -> list[str]:
-    """The arguments of ``podman run`` for `spec` (the node daemon as its program)."""
+def is_secret_env(key: str) -> bool:
+    """A variable whose value must never appear in a command line (``ps`` and ``/proc/PID/cmdline``
+    show it to every user of the machine): the node secret, the job, report and attach tokens."""
+    return _SECRET_ENV.search(key) is not None
+
+
+def env_flags(env: Mapping[str, str]) -> list[str]:
+    """``--env`` flags of ``podman run``/``exec`` for `env`: ``KEY=VALUE``, except a secret's
+    (`is_secret_env`), which is ``--env KEY`` alone: podman then takes its value from its own
+    environment, where `secret_env` puts it (podman 4.3: "If an environment variable is specified
+    without a value, Podman will check the host environment for a value")."""
+    flags: list[str] = []
+    for key, value in sorted(env.items()):
+        flags += ["--env", key if is_secret_env(key) else f"{key}={value}"]
+    return flags
+
+
+def secret_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The secret variables of `env`: what the podman process's own environment must hold for
+    `env_flags`' name-only flags."""
+    return {key: value for key, value in env.items() if is_secret_env(key)}
+
+
+def run_env(spec: ContainerSpec, secret: str) -> dict[str, str]:
+    """The environment of a container's program (the node daemon)."""
     user = spec.tenant or "elastrain"
     home = f"/home/{user}"
     env = {
@@ -99,6 +119,23 @@ def run_args(
     }
     if spec.framework == "slurm":  # the config every container renders (`elastrain.agent.slurm_conf`)
         env["SLURM_CONF"] = SLURM_CONF
+    return env
+
+
+def run_args(
+    spec: ContainerSpec,
+    secret: str,
+    files: ClusterFiles,
+    container_name: str,
+    server_key: str,
+    gpu_device_dir: Path,
+) -> list[str]:
+    """The arguments of ``podman run`` for `spec` (the node daemon as its program). The node secret is
+    named, not given (``--env ELASTRAIN_NODE_SECRET``): run podman with ``secret_env(run_env(...))``
+    in its environment."""
+    user = spec.tenant or "elastrain"
+    home = f"/home/{user}"
+    env = run_env(spec, secret)
     base = files.base
     args = [
         "run", "--detach", "--init",
@@ -138,8 +175,7 @@ def run_args(
     for mount in spec.mounts:
         args += ["--volume", f"{mount.source}:{mount.target}"]
     args += gpu_args(spec, gpu_device_dir)
-    for key, value in sorted(env.items()):
-        args += ["--env", f"{key}={value}"]
+    args += env_flags(env)
     return [*args, spec.image, "python", "-m", "elastrain.agent.noded"]
 
 

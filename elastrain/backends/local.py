@@ -33,12 +33,24 @@ from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, Moun
 from elastrain.backends.filemodes import open_private_append, private_dir
 from elastrain.backends.procs import cmdline, pid_alive, pids_with_args, pids_with_env, terminate
 from elastrain.backends.shm import with_shm_limit
+from elastrain.errors import ConfigError
 from elastrain.hostfile import atomic_write_text
 
 HOSTFILE_PATH = "/etc/mpi/hostfile"
 CLUSTER_UID_ENV = "ELASTRAIN_CLUSTER_UID"
 CONTAINER_UID_ENV = "ELASTRAIN_CONTAINER_UID"
 _PROC = Path("/proc")
+# what the platform keeps in a container's root: a mount may not replace any of it by a link (the
+# server validates targets first; this guards mounts stored before it did)
+_OWN_PATHS = (
+    "etc/mpi",
+    "var/log",
+    "etc/environment",
+    "container.json",
+    "ready",
+    ".ready.tmp",
+    "slurm-batch.sh",
+)
 log = logging.getLogger(__name__)
 
 
@@ -156,7 +168,11 @@ class LocalBackend(Backend):
         return ContainerStatus(spec.cluster, spec.name, proc.pid, True, False, spec.address)
 
     def _mount(self, root: Path, mount: Mount) -> None:
-        target = root / mount.target.strip("/")
+        relative = "/".join(part for part in mount.target.split("/") if part not in ("", "."))
+        own = next((p for p in _OWN_PATHS if relative == p or relative.startswith(p + "/")), None)
+        if not relative or ".." in relative.split("/") or own is not None:
+            raise ConfigError(f"mount target {mount.target} would replace the container's own /{own or ''}")
+        target = root / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink() and os.readlink(target) == mount.source:
             return

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import resource
 import shutil
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 from elastrain.errors import ElastrainError
@@ -42,9 +44,14 @@ def _first_error_line(stderr: str) -> str:
 
 
 def podman(
-    *args: str, timeout: float = 120.0, check: bool = True, input_text: str | None = None
+    *args: str,
+    timeout: float = 120.0,
+    check: bool = True,
+    input_text: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``podman --runtime runc ARGS``; raises `PodmanError` (podman's message) when it fails."""
+    """Run ``podman --runtime runc ARGS`` (with `env` added to its environment: the values of
+    ``--env KEY`` flags, kept out of argv); raises `PodmanError` (podman's message) when it fails."""
     exe = podman_path()
     if exe is None:
         raise PodmanError(
@@ -59,6 +66,7 @@ def podman(
             timeout=timeout,
             input=input_text,
             stdin=None if input_text is not None else subprocess.DEVNULL,
+            env={**os.environ, **env} if env else None,
         )
     except subprocess.TimeoutExpired:
         raise PodmanError(f"podman {args[0]} did not answer within {timeout:.0f} s") from None

@@ -40,8 +40,10 @@ Differences from Horovod
 * ``broadcast_optimizer_state`` sends the ``state_dict`` (an empty state stays empty; Horovod runs a
   zero-gradient step first). It and the ``hvd.elastic`` state sync never unpickle code (``torch.load``
   with ``weights_only=True``), so ``ObjectState``/``TorchState`` attributes must be numbers, strings,
-  tensors, numpy arrays or containers of them. ``broadcast_object``/``allgather_object`` pickle
-  arbitrary objects with :mod:`pickle` (Horovod: cloudpickle); see ``docs/security.md``.
+  tensors, numpy arrays or containers of them. ``broadcast_object``/``allgather_object`` take the
+  same path by default (numbers, strings, bytes, tensors, numpy arrays and containers of them; another
+  object is refused in one line); ``ELASTRAIN_HVD_ALLOW_PICKLE=1`` makes them pickle arbitrary objects
+  with :mod:`pickle` as Horovod does (cloudpickle), trusting every sender; see ``docs/security.md``.
 * ``TorchState.sync()`` sends the state of the member with the most commits (Horovod: rank 0), and
   only when the new generation needs it; plain attributes are deep-copied at each commit. A
   ``HostsUpdatedInterrupt`` raised by ``check_host_updates()`` also commits (Horovod keeps that

@@ -34,10 +34,20 @@ from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import container_spec
 
 EXEC_ID_ENV = "ELASTRAIN_EXEC_ID"  # marks the processes of one exec call, so they can be stopped
-HOST_COMMANDS_REFUSED = (
-    "this server runs the process backend, which isolates nothing; exec/terminal/jobs are refused unless "
-    "the server is started with --insecure-process-backend (or use --backend container)"
-)
+
+
+def host_commands_refusal(backend: str | None) -> str:
+    """The one line a tenant's refused exec, job or terminal gets (403) on `backend` (process, slurm)."""
+    where = {"slurm": "the Slurm backend, which runs them on the server's machine as its user"}.get(
+        backend or "", "the process backend, which isolates nothing"
+    )
+    return (
+        f"exec, jobs and terminals are refused on {where}; start the server with "
+        "--insecure-host-commands to allow them (every user trusted), or use --backend container"
+    )
+
+
+HOST_COMMANDS_REFUSED = host_commands_refusal("process")
 
 
 def check_owner(cluster: Cluster, user: User) -> None:
@@ -46,11 +56,12 @@ def check_owner(cluster: Cluster, user: User) -> None:
         raise Forbidden(f"only the owner of cluster {cluster.name!r} can run commands in it")
 
 
-def check_host_commands(allowed: bool) -> None:
-    """Refuse running a tenant's command (exec, job, terminal) where it would run unisolated on the host
-    (the process backend, unless the server was started with --insecure-process-backend)."""
+def check_host_commands(allowed: bool, reason: str = HOST_COMMANDS_REFUSED) -> None:
+    """Refuse (403, `reason`) running a tenant's command (exec, job, terminal) where it would run
+    unisolated on the host (the process and Slurm backends, unless the server was started with
+    --insecure-host-commands)."""
     if not allowed:
-        raise Forbidden(HOST_COMMANDS_REFUSED)
+        raise Forbidden(reason)
 
 
 def launcher_of(cluster: Cluster) -> Container | None:
@@ -88,7 +99,8 @@ class ExecService:
 
     backend: Backend
     inventory: Inventory
-    host_commands_allowed: bool = True  # False: the process backend without --insecure-process-backend
+    host_commands_allowed: bool = True  # False: process/Slurm backend without --insecure-host-commands
+    host_commands_refusal: str = HOST_COMMANDS_REFUSED  # the 403's one line (`host_commands_refusal`)
     attach_env: Callable[[User, str], dict[str, str]] | None = None  # JobService.attach_env
 
     def find(
@@ -97,7 +109,7 @@ class ExecService:
         """The caller's cluster `name` and its container `container` (the launcher by default; None when
         the cluster has no such container now). 403 where host commands are off; 404 for a cluster the
         caller cannot see; 403 for one they see but do not own (an admin's view of a tenant's)."""
-        check_host_commands(self.host_commands_allowed)
+        check_host_commands(self.host_commands_allowed, self.host_commands_refusal)
         cluster = find_cluster(session, user, name)
         if cluster is None:
             raise NotFound(f"cluster {name!r} not found")

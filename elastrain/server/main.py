@@ -14,6 +14,7 @@ from elastrain.errors import ConfigError
 if TYPE_CHECKING:
     from elastrain.backends.api import Backend
     from elastrain.db.session import Database
+    from elastrain.server.exec_service import ExecService
     from elastrain.server.inventory import Inventory
     from elastrain.server.settings import ServerSettings
 
@@ -72,16 +73,21 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         choices=("container", "process", "local", "slurm"),
         help="where containers run: 'container' (podman OCI containers; the default where podman works), "
         "'process' (directories and processes on this machine: isolates nothing, so exec, jobs and "
-        "terminals are refused there without --insecure-process-backend; 'local' is its old name), "
-        "or 'slurm' (Slurm jobs; SLURM_CONF; default --gpus: its GPUs) (env ELASTRAIN_SERVER_BACKEND)",
+        "terminals are refused there without --insecure-host-commands; 'local' is its old name), "
+        "or 'slurm' (Slurm jobs; SLURM_CONF; default --gpus: its GPUs; exec, jobs and terminals run on "
+        "this machine, so they are refused without --insecure-host-commands too) "
+        "(env ELASTRAIN_SERVER_BACKEND)",
     )
     p.add_argument(
-        "--insecure-process-backend",
+        "--insecure-host-commands",
+        "--insecure-process-backend",  # its old name
+        dest="insecure_host_commands",
         action="store_true",
         default=None,
-        help="on the process backend, allow exec, jobs and portal terminals anyway: they run as this "
-        "server's user and can read its data dir (admin token, database); for a single trusted user "
-        "only (env ELASTRAIN_INSECURE_PROCESS_BACKEND=1)",
+        help="on the process and Slurm backends, allow exec, jobs and portal terminals anyway: they run "
+        "as this server's user on this machine and can read its data dir (admin token, database); for "
+        "a single trusted user only (env ELASTRAIN_INSECURE_HOST_COMMANDS=1; the old names "
+        "--insecure-process-backend / ELASTRAIN_INSECURE_PROCESS_BACKEND work too)",
     )
     for kind, default in (("clusters", "20"), ("containers", "64"), ("gpus", "unlimited")):
         p.add_argument(
@@ -126,7 +132,7 @@ def bootstrap_admin(db: Database, data_dir: Path) -> str | None:
     """Create the admin user on first start and write its token to DATA/admin-token (0600)."""
     from sqlalchemy import func, select
 
-    from elastrain.db.models import User
+    from elastrain.db.models import EventAction, User
     from elastrain.db.repository import add_event, create_user
 
     token_path = data_dir / "admin-token"
@@ -134,7 +140,7 @@ def bootstrap_admin(db: Database, data_dir: Path) -> str | None:
         if session.scalar(select(func.count()).select_from(User)):
             return token_path.read_text().strip() if token_path.exists() else None
         _user, token = create_user(session, "admin", is_admin=True)
-        add_event(session, "server", "user.created", user="admin", admin=True)
+        add_event(session, "server", EventAction.user_created, user="admin", admin=True)
         fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
@@ -214,29 +220,41 @@ def make_backend(settings: ServerSettings, data_dir: Path) -> tuple[Backend, Inv
 
 
 def host_commands_policy(settings: ServerSettings) -> bool:
-    """Whether tenants may run commands (exec, jobs, portal terminal) on `settings.backend`; warns
-    loudly when --insecure-process-backend lets them run as this server's user."""
-    from elastrain.server.settings import host_commands_allowed
+    """Whether tenants may run commands (exec, jobs, portal terminal) on `settings.backend`; says so
+    at start-up where they are refused, and warns loudly where --insecure-host-commands lets them run
+    as this server's user on this machine (the process and Slurm backends)."""
+    from elastrain.server.exec_service import host_commands_refusal
+    from elastrain.server.settings import HOST_COMMAND_BACKENDS, host_commands_allowed
 
-    allowed = host_commands_allowed(settings.backend, settings.insecure_process_backend)
-    if settings.backend != "process":
+    allowed = host_commands_allowed(settings.backend, settings.insecure_host_commands)
+    if settings.backend not in HOST_COMMAND_BACKENDS:
         return allowed
     if allowed:
         print(
-            "elastrain server: WARNING: --insecure-process-backend: every user's exec, jobs and portal "
-            f"terminals run as this server's user (uid {os.getuid()}) on this machine and can read its "
-            "data dir (the admin token, the database): use it only where every user is trusted",
+            f"elastrain server: WARNING: --insecure-host-commands: on the {settings.backend} backend "
+            f"every user's exec, jobs and portal terminals run as this server's user (uid {os.getuid()}) "
+            "on this machine and can read its data dir (the admin token, the database): use it only "
+            "where every user is trusted",
             file=sys.stderr,
             flush=True,
         )
     else:
-        print(
-            "elastrain server: exec, jobs and terminals are refused on the process backend (start with "
-            "--insecure-process-backend to allow them, or use --backend container)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"elastrain server: {host_commands_refusal(settings.backend)}", file=sys.stderr, flush=True)
     return allowed
+
+
+def exec_service_for(settings: ServerSettings, backend: Backend, inventory: Inventory) -> ExecService:
+    """The server's one `ExecService` (exec, jobs, portal terminal) on `backend`, with the host-command
+    policy of `settings` (`host_commands_policy`: refused on the process and Slurm backends without
+    --insecure-host-commands, with a one-line 403 saying how to allow them)."""
+    from elastrain.server.exec_service import ExecService, host_commands_refusal
+
+    return ExecService(
+        backend,
+        inventory,
+        host_commands_allowed=host_commands_policy(settings),
+        host_commands_refusal=host_commands_refusal(settings.backend),
+    )
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -259,7 +277,6 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
     from elastrain.db.session import Database
     from elastrain.server import quotas
     from elastrain.server.app import create_app
-    from elastrain.server.exec_service import ExecService
     from elastrain.server.jobs import JobService
     from elastrain.server.limits import resolve_max_body_bytes
     from elastrain.server.membership import JobMembership
@@ -292,7 +309,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
     token = bootstrap_admin(db, data_dir)
     settings = resolve_backend(settings)
     backend, inventory = make_backend(settings, data_dir)
-    commands = ExecService(backend, inventory, host_commands_allowed=host_commands_policy(settings))
+    commands = exec_service_for(settings, backend, inventory)
     membership = JobMembership()
     reconciler = Reconciler(
         db,
@@ -348,6 +365,11 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
             port=port,
             log_level="info" if verbose else "warning",
             access_log=False,  # elastrain.access logs each request (with its id, without query strings)
+            # A terminal's keepalive pong queues behind the input the shell has not read yet (the
+            # server stops reading a tab whose pty is full: backpressure); a large paste into a busy
+            # shell delays it by seconds, so allow a minute before a silent client counts as gone.
+            ws_ping_interval=20.0,
+            ws_ping_timeout=60.0,
         )
         uvicorn.Server(config).run()
     finally:

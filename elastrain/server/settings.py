@@ -8,7 +8,8 @@ Every setting has a flag, an environment variable and a key of the settings file
     --allow-mount               ELASTRAIN_ALLOW_MOUNT (DIR:DIR...)
     --drain-seconds             ELASTRAIN_DRAIN_SECONDS        --max-body-bytes   ELASTRAIN_MAX_BODY_BYTES
     --reconcile-interval        ELASTRAIN_RECONCILE_INTERVAL   --scheduler        ELASTRAIN_SCHEDULER
-    --insecure-process-backend  ELASTRAIN_INSECURE_PROCESS_BACKEND (1/true/yes)
+    --insecure-host-commands    ELASTRAIN_INSECURE_HOST_COMMANDS (1/true/yes; the old names
+                                --insecure-process-backend / ELASTRAIN_INSECURE_PROCESS_BACKEND work too)
     --quota-clusters            ELASTRAIN_QUOTA_CLUSTERS       --quota-containers ELASTRAIN_QUOTA_CONTAINERS
     --quota-gpus                ELASTRAIN_QUOTA_GPUS   (per-user defaults; `elastrain user quota` overrides)
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from elastrain.errors import ConfigError
@@ -52,12 +53,21 @@ NAMES: dict[str, tuple[str, str]] = {
     "max_body_bytes": ("--max-body-bytes", "ELASTRAIN_MAX_BODY_BYTES"),
     "reconcile_interval": ("--reconcile-interval", "ELASTRAIN_RECONCILE_INTERVAL"),
     "scheduler": ("--scheduler", "ELASTRAIN_SCHEDULER"),
-    "insecure_process_backend": ("--insecure-process-backend", "ELASTRAIN_INSECURE_PROCESS_BACKEND"),
+    "insecure_host_commands": ("--insecure-host-commands", "ELASTRAIN_INSECURE_HOST_COMMANDS"),
     "quota_clusters": ("--quota-clusters", "ELASTRAIN_QUOTA_CLUSTERS"),
     "quota_containers": ("--quota-containers", "ELASTRAIN_QUOTA_CONTAINERS"),
     "quota_gpus": ("--quota-gpus", "ELASTRAIN_QUOTA_GPUS"),
 }
-ENV_TO_FIELD = {env: name for name, (_flag, env) in NAMES.items()}
+OLD_NAMES: dict[str, tuple[str, str]] = {  # field -> its former (flag, environment variable), still accepted
+    "insecure_host_commands": ("--insecure-process-backend", "ELASTRAIN_INSECURE_PROCESS_BACKEND"),
+}
+ENV_TO_FIELD = {env: name for name, (_flag, env) in NAMES.items()} | {
+    env: name for name, (_flag, env) in OLD_NAMES.items()
+}
+HOST_COMMAND_BACKENDS = ("process", "local", "slurm")
+"""Backends that run a tenant's commands (exec, jobs, terminal) on this server's machine as its user:
+the process backend ('local' is its old name) and Slurm (its containers are jobs of the server's user
+and commands run here, on the shared file system)."""
 
 
 def _env(name: str) -> str:
@@ -85,7 +95,10 @@ class ServerSettings(BaseSettings):
     max_body_bytes: int | None = Field(None, validation_alias=_env("max_body_bytes"))
     reconcile_interval: float = Field(0.5, validation_alias=_env("reconcile_interval"))
     scheduler: Literal["static", "elastic"] = Field("static", validation_alias=_env("scheduler"))
-    insecure_process_backend: bool = Field(False, validation_alias=_env("insecure_process_backend"))
+    insecure_host_commands: bool = Field(
+        False,
+        validation_alias=AliasChoices(_env("insecure_host_commands"), OLD_NAMES["insecure_host_commands"][1]),
+    )
     quota_clusters: int | None = Field(DEFAULT_MAX_CLUSTERS, ge=0, validation_alias=_env("quota_clusters"))
     quota_containers: int | None = Field(
         DEFAULT_MAX_CONTAINERS, ge=0, validation_alias=_env("quota_containers")
@@ -101,10 +114,11 @@ class ServerSettings(BaseSettings):
         return value
 
 
-def host_commands_allowed(backend: str | None, insecure_process_backend: bool) -> bool:
-    """Whether tenants may run commands (exec, jobs, terminal): always, except on the process backend
-    without --insecure-process-backend (there they would run as this server's user, on the host)."""
-    return backend not in ("process", "local") or insecure_process_backend
+def host_commands_allowed(backend: str | None, insecure_host_commands: bool) -> bool:
+    """Whether tenants may run commands (exec, jobs, terminal): always on the container backend; on
+    the process and Slurm backends (`HOST_COMMAND_BACKENDS`) only with --insecure-host-commands, since
+    there they would run as this server's user on its machine (and could read its data dir)."""
+    return backend not in HOST_COMMAND_BACKENDS or insecure_host_commands
 
 
 def db_url_has_password(url: str) -> bool:
@@ -152,6 +166,8 @@ def _one_line(exc: ValidationError) -> str:
     loc = str(first["loc"][0]) if first["loc"] else ""
     field = ENV_TO_FIELD.get(loc.upper(), loc)
     flag, env = NAMES.get(field, (loc, loc))
+    if field in OLD_NAMES:  # it may have been given under its old name
+        flag, env = f"{flag} ({OLD_NAMES[field][0]})", f"{env} ({OLD_NAMES[field][1]})"
     got = "" if field == "db" else f" (got {first.get('input')!r})"  # never echo a database URL
     return f"invalid server setting {flag} / {env}: {first['msg']}{got}"
 

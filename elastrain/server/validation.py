@@ -192,12 +192,36 @@ def check_not_protected(source: str, real: Path, trees: Sequence[Path], files: S
 
 
 RESERVED_TARGETS = ("/", "/etc", "/etc/mpi", "/var", "/var/log")
-"""Mount targets the platform writes or needs (a mount there is refused with 403)."""
+"""Mount targets the platform needs as they are (a mount exactly there is refused with 403)."""
+RESERVED_TREES = (
+    "/etc/mpi",  # the hostfile
+    "/var/log",  # the container's log; /var/log/jobs: job logs and exit codes (written by the server)
+    "/etc/elastrain",  # the cluster's ssh and munge keys
+    "/run/elastrain",  # the API socket
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/environment",  # the process and Slurm backends write the container's environment there
+    "/container.json",  # ... and, at the root of the container's directory, its record,
+    "/ready",  # its init's readiness file,
+    "/.ready.tmp",
+    "/slurm-batch.sh",  # and the Slurm job's script
+)
+"""Paths the platform writes or serves: a mount at one of them or anywhere under it is refused (403).
+On the process and Slurm backends a mount is a symbolic link in the container's directory, so a mount at
+/var/log/jobs would make the server write job logs into the tenant's chosen directory."""
+
+
+def reserved_by(target: str) -> str | None:
+    """The reserved path `target` (normalised) is, or is under; None for an ordinary target."""
+    if target in RESERVED_TARGETS:
+        return target
+    return next((tree for tree in RESERVED_TREES if target == tree or target.startswith(tree + "/")), None)
 
 
 def check_mount_format(spec: str) -> tuple[str, str]:
     """SOURCE and TARGET of ``SOURCE:TARGET``: both absolute, no '..', no control characters, and a
-    TARGET other than / and the directories the platform writes (/etc/mpi, /var/log)."""
+    TARGET other than /, /etc, /var and not at or under a path the platform writes (`RESERVED_TREES`:
+    /etc/mpi, /var/log, ...)."""
     check_text(str(spec), "mount")
     source, sep, target = str(spec).rpartition(":")
     if not sep or not source or not target:
@@ -212,10 +236,12 @@ def check_mount_format(spec: str) -> tuple[str, str]:
         raise InvalidRequest(
             f"mount target {shown(target)} must be an absolute path such as /data (not / or /etc)"
         )
-    if normal_target(target) in RESERVED_TARGETS:  # well-formed, but the platform's own: a refusal
+    reserved = reserved_by(normal_target(target))
+    if reserved is not None:  # well-formed, but the platform's own: a refusal
+        where = "" if reserved == normal_target(target) else f" (it is under {reserved})"
         raise Forbidden(
-            f"mount target {shown(target)} is reserved by the platform (not / or /etc); "
-            "mount at a path such as /data"
+            f"mount target {shown(target)} is reserved by the platform{where}: not /, /etc, /var, or "
+            "anywhere under /etc/mpi or /var/log; mount at a path such as /data"
         )
     return source, target
 
@@ -252,7 +278,14 @@ def parse_mount(
 def check_mount_unchanged(mount: Mount) -> None:
     """Refuse (at container start) a mount whose source no longer resolves to itself: it was stored
     resolved, so a link now in its path (e.g. one a tenant made in a mounted directory) points it elsewhere,
-    perhaps at what `check_not_protected` refused."""
+    perhaps at what `check_not_protected` refused. A target a server before `RESERVED_TREES` accepted
+    (e.g. /var/log/jobs) is refused here too, before the backend links anything there."""
+    reserved = reserved_by(normal_target(mount.target))
+    if reserved is not None:
+        raise Forbidden(
+            f"mount target {shown(mount.target)} is reserved by the platform ({reserved}); refused "
+            "(delete and recreate the cluster with the mount at a path such as /data)"
+        )
     real = os.path.realpath(mount.source)
     if real != mount.source:
         raise Forbidden(

@@ -67,7 +67,8 @@ class ControlPlane:
     """One `elastrain server` process with its own data dir (and database), on a free port.
 
     The defaults are the tests': 8 virtual GPUs, mounts allowed below ``root/mounts``, the process
-    backend allowed on purpose (the tests exec and submit jobs on this machine), a 0.2 s reconcile
+    backend's host commands allowed on purpose (``--insecure-host-commands``: the tests exec and submit
+    jobs on this machine; `insecure_host_commands=False` leaves it out), a 0.2 s reconcile
     interval and a 20 s drain bound. `extra_args` may name another ``--backend``.
     """
 
@@ -80,7 +81,7 @@ class ControlPlane:
         *,
         port: int | None = None,
         backend: str = "process",
-        insecure_process_backend: bool = True,
+        insecure_host_commands: bool = True,
         mounts: bool = True,
         drain_seconds: float | None = 20,
         reconcile_interval: float | None = 0.2,
@@ -99,7 +100,7 @@ class ControlPlane:
         self.db_url = db_url
         self.gpus = gpus
         self.backend = backend
-        self.insecure_process_backend = insecure_process_backend
+        self.insecure_host_commands = insecure_host_commands
         self.drain_seconds = drain_seconds
         self.reconcile_interval = reconcile_interval
         self.env = env
@@ -122,8 +123,8 @@ class ControlPlane:
             argv += ["--reconcile-interval", f"{self.reconcile_interval:g}"]
         if "--backend" not in self.extra_args:
             argv += ["--backend", self.backend]
-            if self.insecure_process_backend and self.backend in ("process", "local"):
-                argv.append("--insecure-process-backend")
+            if self.insecure_host_commands and self.backend in ("process", "local", "slurm"):
+                argv.append("--insecure-host-commands")
         return [*argv, *self.extra_args]
 
     def server_env(self) -> dict[str, str]:

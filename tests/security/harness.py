@@ -31,7 +31,7 @@ def start_server(
         root,
         gpus=0,
         extra_args=("--allow-mount", str(root), *extra_args),
-        insecure_process_backend=False,
+        insecure_host_commands=False,
         mounts=False,
         drain_seconds=None,
         reconcile_interval=None,

@@ -27,7 +27,7 @@ CAP = 1 << 20  # the server's default body cap
 def server() -> Iterator[Server]:
     root = Path(tempfile.mkdtemp(prefix="elastrain-sec-"))
     # the audit and cancel attacks need jobs on this backend
-    with start_server(root, ("--reconcile-interval", "0.2", "--insecure-process-backend")) as running:
+    with start_server(root, ("--reconcile-interval", "0.2", "--insecure-host-commands")) as running:
         yield running
 
 

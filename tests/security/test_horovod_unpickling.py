@@ -1,6 +1,7 @@
-"""elastrain's own Horovod broadcasts (``hvd.elastic`` state sync, ``broadcast_optimizer_state``) never
-unpickle code: a malicious root is refused without running its payload. ``broadcast_object`` keeps
-Horovod's pickling (documented in docs/security.md).
+"""elastrain's Horovod broadcasts (``hvd.elastic`` state sync, ``broadcast_optimizer_state``) and, by
+default, ``broadcast_object``/``allgather_object`` never unpickle code: a malicious sender is refused
+without running its payload. Horovod's pickling of those two is an explicit opt-in
+(``ELASTRAIN_HVD_ALLOW_PICKLE=1``, docs/security.md).
 
 Each test plays rank 1 (or the root, rank 0) of a two-rank world; ``dist.broadcast`` is faked to deliver
 what the other rank sends.
@@ -141,9 +142,92 @@ def test_a_root_with_an_object_attribute_refuses_and_the_others_do_not_hang(
         hvd.elastic.ObjectState(epoch=0).sync()
 
 
-def test_broadcast_object_keeps_horovods_pickling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The user-facing API still carries arbitrary objects, as Horovod's does (docs/security.md: the root
-    is a member of the job's current generation; the docstring warns)."""
-    TwoRanks(monkeypatch, rank=1, incoming=functions._to_bytes(Custom()).numpy().tobytes())
+@pytest.fixture
+def no_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(functions.ALLOW_PICKLE_ENV, raising=False)
+
+
+@pytest.mark.attack
+@pytest.mark.usefixtures("no_pickle")
+def test_broadcast_object_refuses_a_pickle_payload_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root sending Horovod's pickle (code that runs when unpickled) gets nothing run on rank 1, and
+    neither does one sending the payload inside ``torch.save`` bytes."""
+    marker = tmp_path / "marker"
+    TwoRanks(monkeypatch, rank=1, incoming=functions._pickled(Evil(marker)).numpy().tobytes())
+    with pytest.raises(UnsafeStateError, match="refusing the object broadcast by rank 0"):
+        hvd.broadcast_object(None, root_rank=0)
+    TwoRanks(monkeypatch, rank=1, incoming=saved({"object": Evil(marker)}))
+    with pytest.raises(UnsafeStateError):
+        hvd.broadcast_object(None, root_rank=0)
+    assert not marker.exists()
+
+
+@pytest.mark.attack
+@pytest.mark.usefixtures("no_pickle")
+def test_allgather_object_refuses_a_pickle_payload_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "marker"
+    evil = functions._pickled(Evil(marker))
+    monkeypatch.setattr(functions, "world", lambda: 2)
+    monkeypatch.setattr(basics, "rank", lambda: 0)
+    monkeypatch.setattr(
+        functions, "_gather", lambda mine: (torch.cat([mine, evil]), [mine.numel(), evil.numel()])
+    )
+    with pytest.raises(UnsafeStateError, match="allgathered from rank 1"):
+        hvd.allgather_object({"step": 1})
+    assert not marker.exists()
+
+
+@pytest.mark.usefixtures("no_pickle")
+def test_plain_objects_travel_without_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Horovod's examples and the repo's tests send (ints, strings, dicts, tuples, tensors, numpy
+    values) arrives whole, loaded with weights_only."""
+    value = {
+        "epoch": 3,
+        "name": "run",
+        "pair": ("rank", 1),
+        "t": torch.ones(2),
+        "np": np.arange(3),
+        "x": None,
+    }
+    TwoRanks(monkeypatch, rank=1, incoming=saved(functions._encode(value, "test")))
+    got = hvd.broadcast_object(None, root_rank=0)
+    assert (got["epoch"], got["name"], got["pair"], got["x"]) == (3, "run", ("rank", 1), None)
+    assert torch.equal(got["t"], torch.ones(2)) and got["np"].tolist() == [0, 1, 2]
+    root = TwoRanks(monkeypatch, rank=0)
+    assert hvd.broadcast_object({"from": 0}, root_rank=0) == {"from": 0} and root.sizes[0] > 0
+    parts = [functions._saved(functions._encode(v, "test")) for v in (("rank", 0), ("rank", 1))]
+    monkeypatch.setattr(basics, "rank", lambda: 0)
+    monkeypatch.setattr(functions, "_gather", lambda mine: (torch.cat(parts), [p.numel() for p in parts]))
+    assert hvd.allgather_object(("rank", 0)) == [("rank", 0), ("rank", 1)]
+
+
+@pytest.mark.usefixtures("no_pickle")
+def test_an_object_that_needs_pickle_is_refused_on_the_root_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The root refuses (one line saying how to opt in) and sends its refusal: rank 1 raises too."""
+    root = TwoRanks(monkeypatch, rank=0)
+    with pytest.raises(ConfigError) as refused:
+        hvd.broadcast_object({"config": Custom()}, root_rank=0)
+    message = str(refused.value)
+    assert "\n" not in message and "Custom" in message and "ELASTRAIN_HVD_ALLOW_PICKLE=1" in message
+    assert root.sizes == [-1]
+    TwoRanks(monkeypatch, rank=1, refused=True)
+    with pytest.raises(ConfigError, match="rank 0 could not send the object"):
+        hvd.broadcast_object(None, root_rank=0)
+    monkeypatch.setattr(functions, "world", lambda: 1)  # a world of one refuses it the same way
+    with pytest.raises(ConfigError, match="ELASTRAIN_HVD_ALLOW_PICKLE"):
+        hvd.allgather_object(Custom())
+
+
+def test_pickling_is_an_explicit_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ELASTRAIN_HVD_ALLOW_PICKLE=1 the user-facing API carries arbitrary objects, as Horovod's does
+    (docs/security.md: every sender is then trusted; the docstring says so)."""
+    monkeypatch.setenv(functions.ALLOW_PICKLE_ENV, "1")
+    TwoRanks(monkeypatch, rank=1, incoming=functions._pickled(Custom()).numpy().tobytes())
     assert isinstance(hvd.broadcast_object(None, root_rank=0), Custom)
-    assert "unpickle" in (hvd.broadcast_object.__doc__ or "")
+    assert "ELASTRAIN_HVD_ALLOW_PICKLE" in (hvd.broadcast_object.__doc__ or "")

@@ -95,9 +95,9 @@ def load_server() -> Iterator[LoadServer]:
     root = Path(tempfile.mkdtemp(prefix="elastrain-load-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTRAIN_")}
     # default reconcile interval (0.5 s); the portal terminal is refused on the process backend without
-    # --insecure-process-backend
+    # --insecure-host-commands
     try:
-        with start_server(root, ("--insecure-process-backend",), env=env) as server:
+        with start_server(root, ("--insecure-host-commands",), env=env) as server:
             loaded = LoadServer(server)
             try:
                 yield loaded
@@ -195,7 +195,12 @@ def _spam_terminal(server: Server, token: str, stop: threading.Event, flood: Flo
     url = f"ws://127.0.0.1:{server.port}/api/v1/clusters/c-load-spammer/terminal"
     chunk = json.dumps({"input": (": " + "spam " * 40 + "\n") * 20})
     try:
-        with connect(url, open_timeout=10, close_timeout=2, max_size=None, compression=None) as ws:
+        # no keepalive pings: while the shell is behind, the server stops reading this socket (that is the
+        # backpressure under test), so a ping would go unanswered and the client itself would close on its
+        # ping timeout under load. A browser's xterm sends no pings either.
+        with connect(
+            url, open_timeout=10, close_timeout=2, max_size=None, compression=None, ping_interval=None
+        ) as ws:
             flood.socket = ws
             ws.send(json.dumps({"token": token, "resize": [120, 40]}))
 
@@ -208,9 +213,9 @@ def _spam_terminal(server: Server, token: str, stop: threading.Event, flood: Flo
             while not stop.is_set():
                 ws.send(chunk)  # blocks while the server does not read: the shell is behind
                 flood.sent += len(chunk)
-    except ConnectionClosed:
+    except ConnectionClosed as exc:
         if not stop.is_set():
-            flood.error = "the server closed the terminal during the flood"
+            flood.error = f"the terminal closed during the flood: {exc}"
     except Exception as exc:  # reported by the test, not lost in a thread
         flood.error = f"{type(exc).__name__}: {exc}"
 

@@ -95,3 +95,76 @@ def test_an_sqlite_database_elsewhere_is_protected(tmp_path: Path) -> None:
         with pytest.raises(Forbidden, match=f"{where} the server's database;"):
             parse_mount(f"{source}:/data", [tmp_path], *protected)
     assert parse_mount(f"{tmp_path / 'datasets'}:/data", [tmp_path], *protected).target == "/data"
+
+
+RESERVED = [
+    "/var/log/jobs",
+    "/var/log/jobs/1.log",
+    "/etc/mpi/hostfile",
+    "//etc/mpi/./x/",
+    "/etc/elastrain/keys",
+]
+
+
+@pytest.mark.attack
+@pytest.mark.parametrize("target", RESERVED, ids=[t.strip("/").replace("/", "-") for t in RESERVED])
+def test_a_mount_at_or_under_a_platform_directory_is_refused(
+    server: Server,  # noqa: F811
+    tenant: httpx.Client,
+    target: str,
+) -> None:
+    """On the process and Slurm backends a mount is a link in the container's directory: one at
+    /var/log/jobs would have the server write job logs (or read the hostfile) in the tenant's chosen
+    directory. At or under a platform directory, the mount is refused (403, one line) and nothing is
+    created: no cluster, no container directory, nothing in the source."""
+    source = server.root / "chosen"
+    source.mkdir(exist_ok=True)
+    before = sorted(source.iterdir())
+    name = "r-" + target.strip("/").replace("/", "-").replace(".", "x").strip("-")[:40]
+    message = refused(_create(tenant, name, f"{source}:{target}"), 403, "reserved by the platform", "/data")
+    assert "mount target" in message  # names the field
+    assert tenant.get(f"/clusters/{name}").status_code == 404
+    assert not (server.data / "clusters" / name).exists()
+    assert sorted(source.iterdir()) == before
+
+
+@pytest.mark.attack
+def test_a_stored_mount_under_a_platform_directory_is_refused_at_start(tmp_path: Path) -> None:
+    """A mount an older server accepted (/var/log/jobs) is refused when a container starts, before the
+    backend links anything there (the reconciler fails that container with the message)."""
+    from elastrain.backends.api import Mount
+    from elastrain.server.validation import check_mount_unchanged
+
+    source = tmp_path / "chosen"
+    source.mkdir()
+    for target in ("/var/log/jobs", "/etc/mpi/hostfile", "/var/log"):
+        with pytest.raises(Forbidden, match="reserved by the platform"):
+            check_mount_unchanged(Mount(str(source.resolve()), target))
+    check_mount_unchanged(Mount(str(source.resolve()), "/data"))
+    # and the process/Slurm backends' layout never replaces its own paths by a link either
+    from elastrain.backends.local import LocalBackend
+    from elastrain.errors import ConfigError
+
+    root = tmp_path / "container-root"
+    (root / "var" / "log" / "jobs").mkdir(parents=True)
+    for target in ("/var/log/jobs", "/etc/mpi/hostfile", "/container.json", "/"):
+        with pytest.raises(ConfigError, match="would replace the container's own"):
+            LocalBackend(tmp_path / "data")._mount(root, Mount(str(source), target))
+    assert (root / "var" / "log" / "jobs").is_dir() and not (root / "var" / "log" / "jobs").is_symlink()
+    assert not (root / "etc" / "mpi").exists() and list(source.iterdir()) == []
+
+
+def test_ordinary_targets_still_mount(tmp_path: Path) -> None:
+    """Targets next to the platform's, or deeper in the tenant's own tree, are accepted."""
+    (tmp_path / "d").mkdir()
+    for target in (
+        "/data",
+        "/mnt/x",
+        "/workspace",
+        "/var/lib/x",
+        "/etc/myapp",
+        "/var/logs",
+        "/etc/mpix",
+        "/home/me",
+    ):
+        assert parse_mount(f"{tmp_path / 'd'}:{target}", [tmp_path]).target == target

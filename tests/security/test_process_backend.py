@@ -1,7 +1,7 @@
 """The process backend isolates nothing, so tenants' commands are refused there by default.
 
 A tenant's ``cluster exec``, ``job submit`` and portal terminal would run as the server's user on the
-host and could read the data dir (``cat ../../../admin-token``). Without ``--insecure-process-backend``
+host and could read the data dir (``cat ../../../admin-token``). Without ``--insecure-host-commands``
 each is a 403 with one line; with it they work (and the server warns). The portal terminal follows REST
 exec's owner rule: an admin who can see a tenant's cluster cannot open a shell in it. The admin token is
 never printed at start-up (only the path of DATA/admin-token).
@@ -34,7 +34,7 @@ def _start(plane: ControlPlane) -> ControlPlane:
 
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A process-backend server started without --insecure-process-backend."""
+    """A process-backend server started without --insecure-host-commands."""
     plane = _start(ControlPlane(tmp_path_factory.mktemp("strict"), extra_args=("--backend", "process")))
     try:
         yield plane
@@ -44,7 +44,7 @@ def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module")
 def insecure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A process-backend server started with --insecure-process-backend (the harness's default)."""
+    """A process-backend server started with --insecure-host-commands (the harness's default)."""
     plane = _start(ControlPlane(tmp_path_factory.mktemp("insecure")))
     try:
         yield plane
@@ -132,7 +132,7 @@ def test_admin_token_is_never_printed(strict: ControlPlane) -> None:
 
 def test_insecure_flag_allows_commands_with_a_warning(insecure: ControlPlane) -> None:
     log = (insecure.root / "server.log").read_text()
-    assert "WARNING: --insecure-process-backend" in log and insecure.token not in log
+    assert "WARNING: --insecure-host-commands" in log and insecure.token not in log
     token = _tenant_cluster(insecure, "trusted", "own")
     out, code = _exec(insecure, token, "own", ["sh", "-c", "echo exec-ok"])
     assert (out.strip(), code) == ("exec-ok", 0)

@@ -2,47 +2,29 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from elastrain.backends.api import ContainerSpec, ContainerStatus
 from elastrain.backends.fake import FakeBackend
 from elastrain.db.models import Cluster, ClusterState, ContainerState, Framework, User
-from elastrain.db.repository import all_clusters, create_user, events_for
+from elastrain.db.repository import all_clusters, events_for
 from elastrain.db.session import Database
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import Reconciler
 from elastrain.server.scheduling import ClusterScheduler
+from elastrain.testing.reconcile import alice_cluster_db, clusters, settle
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    database.migrate()
+    """Alice's 3-container cluster `c` (one GPU each), not yet reconciled."""
+    database = alice_cluster_db(tmp_path)
     database.migrate()  # idempotent
-    with database.session() as session:
-        user, _token = create_user(session, "alice")
-        cluster = Cluster(name="c", uid="u1", owner_id=user.id, framework=Framework.horovod)
-        cluster.desired_containers, cluster.gpus_per_container = 3, 1
-        session.add(cluster)
     yield database
     database.dispose()
-
-
-def settle(r: Reconciler, limit: int = 10) -> int:
-    for passes in range(limit):
-        if r.reconcile_once() == 0:
-            return passes
-    raise AssertionError("the reconciler did not settle")
-
-
-def clusters(db: Database) -> list[Cluster]:
-    with db.session() as session:
-        return all_clusters(session)
 
 
 def test_converges_then_is_idempotent(db: Database) -> None:
@@ -127,51 +109,6 @@ def test_without_a_scheduler_queued_clusters_are_admitted(db: Database) -> None:
     assert q.admitted and q.desired_containers == 2 and q.state == ClusterState.Running
 
 
-class OneClusterBreaks(FakeBackend):
-    """`create_container` raises an unexpected error (not an `ElastrainError`) for cluster `broken` only."""
-
-    def __init__(self, broken: str) -> None:
-        super().__init__()
-        self.broken = broken
-        self.attempts = 0
-
-    def create_container(self, spec: ContainerSpec) -> ContainerStatus:
-        if spec.cluster == self.broken:
-            self.attempts += 1
-            raise RuntimeError(f"cannot start {spec.cluster}\nsecond line of the traceback text")
-        return super().create_container(spec)
-
-
-@pytest.mark.attack
-def test_one_failing_cluster_does_not_stall_the_others(
-    db: Database, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Cluster `c` (planned first) fails on every start; bob's cluster `d` still reaches Running in the
-    same passes, and `c` carries one ``reconcile.failed`` event and one log line, not one per pass."""
-    with db.session() as session:
-        bob, _token = create_user(session, "bob")
-        other = Cluster(name="d", uid="u2", owner_id=bob.id, framework=Framework.horovod)
-        other.desired_containers, other.gpus_per_container = 2, 1
-        session.add(other)
-    backend = OneClusterBreaks("c")
-    r = Reconciler(db, backend, Inventory(8, False))
-    with caplog.at_level("ERROR", logger="elastrain.reconciler"):
-        settle(r)
-        for _ in range(5):
-            assert r.reconcile_once() == 0  # a decision failing each pass is not counted as progress
-    c, d = clusters(db)
-    assert d.state == ClusterState.Running and all(k.state == ContainerState.Running for k in d.containers)
-    assert backend.attempts >= 5 and c.state != ClusterState.Running
-    assert all(k.state == ContainerState.Pending for k in c.containers)  # retried, never half-applied
-    with db.session() as session:
-        failed = [e for e in events_for(session, "c") if e.action == "reconcile.failed"]
-        assert not [e for e in events_for(session, "d") if e.action == "reconcile.failed"]
-    assert len(failed) == 1, [e.detail for e in failed]
-    detail = json.loads(failed[0].detail)
-    assert detail["reason"] == "RuntimeError: cannot start c" and detail["step"] == "add"
-    assert len([r for r in caplog.records if "cannot start c" in r.getMessage()]) == 1
-
-
 def test_a_failing_hook_does_not_stop_the_pass(db: Database) -> None:
     r = Reconciler(db, FakeBackend(), Inventory(8, False))
     ran: list[str] = []
@@ -182,24 +119,3 @@ def test_a_failing_hook_does_not_stop_the_pass(db: Database) -> None:
     r.hooks += [broken, lambda: ran.append("second") or 0]
     settle(r)
     assert ran and clusters(db)[0].state == ClusterState.Running
-
-
-@pytest.mark.attack
-def test_a_mount_redirected_by_a_link_after_creation_is_refused(db: Database, tmp_path: Path) -> None:
-    """A tenant swaps a directory of a mount's stored (resolved) path for a link to the server's data:
-    the container is refused at start, never started with the redirected mount."""
-    shared, secret = tmp_path / "shared", tmp_path / "server-data"
-    (shared / "sub").mkdir(parents=True)
-    secret.mkdir()
-    with db.session() as session:
-        cluster = all_clusters(session)[0]
-        cluster.mounts = json.dumps([{"source": str(shared / "sub"), "target": "/data"}])
-    (shared / "sub").rmdir()
-    (shared / "sub").symlink_to(secret)
-    backend = FakeBackend()
-    r = Reconciler(db, backend, Inventory(8, False))
-    for _ in range(3):
-        r.reconcile_once()
-    (c,) = clusters(db)
-    assert backend.creates == 0 and c.state != ClusterState.Running
-    assert all(k.state == ContainerState.Failed and "symbolic link" in k.reason for k in c.containers)

@@ -55,7 +55,7 @@ def test_defaults_without_flags_env_or_file() -> None:
         [],
     )
     assert (s.drain_seconds, s.reconcile_interval, s.scheduler) == (30.0, 0.5, "static")
-    assert s.insecure_process_backend is False and s.data_dir == Path("~/.elastrain").expanduser()
+    assert s.insecure_host_commands is False and s.data_dir == Path("~/.elastrain").expanduser()
 
 
 def test_flag_beats_env_beats_file_beats_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,14 +78,14 @@ def test_flag_beats_env_beats_file_beats_default(tmp_path: Path, monkeypatch: py
 
 def test_env_names_and_lists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ELASTRAIN_ALLOW_MOUNT", f"{tmp_path}:{tmp_path / 'b'}")
-    monkeypatch.setenv("ELASTRAIN_INSECURE_PROCESS_BACKEND", "1")
+    monkeypatch.setenv("ELASTRAIN_INSECURE_HOST_COMMANDS", "1")
     monkeypatch.setenv("ELASTRAIN_SERVER_BACKEND", "process")
     monkeypatch.setenv("ELASTRAIN_SCHEDULER", "elastic")
     monkeypatch.setenv("ELASTRAIN_BACKEND", "gloo")  # a worker's variable: not the server's backend
     monkeypatch.setenv("ELASTRAIN_HOST", "10.0.0.9")  # likewise a worker's
     s = load_settings(server_args())
     assert s.allow_mount == [tmp_path, tmp_path / "b"]
-    assert (s.backend, s.insecure_process_backend, s.scheduler, s.host) == (
+    assert (s.backend, s.insecure_host_commands, s.scheduler, s.host) == (
         "process",
         True,
         "elastic",
@@ -96,8 +96,8 @@ def test_env_names_and_lists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
 
 
 def test_settings_are_one_object() -> None:
-    s = load_settings(server_args("--port", "9001", "--insecure-process-backend"))
-    assert (s.port, s.insecure_process_backend, s.host, s.scheduler) == (
+    s = load_settings(server_args("--port", "9001", "--insecure-host-commands"))
+    assert (s.port, s.insecure_host_commands, s.host, s.scheduler) == (
         9001,
         True,
         "127.0.0.1",
@@ -105,11 +105,24 @@ def test_settings_are_one_object() -> None:
     )
 
 
+def test_the_old_insecure_names_still_work(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--insecure-process-backend / ELASTRAIN_INSECURE_PROCESS_BACKEND are aliases of
+    --insecure-host-commands (flag, environment and settings file)."""
+    assert load_settings(server_args("--insecure-process-backend")).insecure_host_commands is True
+    monkeypatch.setenv("ELASTRAIN_INSECURE_PROCESS_BACKEND", "yes")
+    assert load_settings(server_args()).insecure_host_commands is True
+    monkeypatch.delenv("ELASTRAIN_INSECURE_PROCESS_BACKEND")
+    config = settings_file(tmp_path, "ELASTRAIN_INSECURE_PROCESS_BACKEND=1\n")
+    assert load_settings(server_args("--config", str(config))).insecure_host_commands is True
+    assert load_settings(server_args()).insecure_host_commands is False
+
+
 @pytest.mark.parametrize(
     "env, value, needle",
     [
         ("ELASTRAIN_SERVER_PORT", "http", "--port / ELASTRAIN_SERVER_PORT"),
         ("ELASTRAIN_SERVER_BACKEND", "docker", "--backend / ELASTRAIN_SERVER_BACKEND"),
+        ("ELASTRAIN_INSECURE_HOST_COMMANDS", "maybe", "--insecure-host-commands"),
         ("ELASTRAIN_INSECURE_PROCESS_BACKEND", "maybe", "--insecure-process-backend"),
     ],
 )
@@ -163,9 +176,12 @@ def test_scrub_drops_the_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_host_commands_policy() -> None:
-    assert host_commands_allowed("container", False) and host_commands_allowed("slurm", False)
-    assert not host_commands_allowed("process", False) and not host_commands_allowed("local", False)
-    assert host_commands_allowed("process", True)
+    """Tenants' commands run where they are isolated (containers); on the process and Slurm backends
+    they would run on this machine as the server's user, so only with --insecure-host-commands."""
+    assert host_commands_allowed("container", False) and host_commands_allowed("container", True)
+    for backend in ("process", "local", "slurm"):
+        assert not host_commands_allowed(backend, False), backend
+        assert host_commands_allowed(backend, True), backend
 
 
 def test_help_names_every_environment_variable(capsys: pytest.CaptureFixture[str]) -> None:
@@ -174,7 +190,8 @@ def test_help_names_every_environment_variable(capsys: pytest.CaptureFixture[str
     text = " ".join(capsys.readouterr().out.split())
     for _flag, env in NAMES.values():
         assert env in text, env
-    assert "--config FILE" in text and "--insecure-process-backend" in text
+    assert "--config FILE" in text and "--insecure-host-commands" in text
+    assert "--insecure-process-backend" in text  # the old name, still accepted
 
 
 def test_token_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
