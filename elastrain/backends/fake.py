@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -28,12 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus
-from elastrain.backends.filemodes import open_private_append
-from elastrain.backends.procs import pid_alive
+from elastrain.backends.local import CLUSTER_UID_ENV, CONTAINER_UID_ENV
+from elastrain.backends.procs import has_env, host_env, pids_with_env, start_in_session
 from elastrain.hostfile import atomic_write_text
 
-CLUSTER_UID_ENV = "ELASTRAIN_CLUSTER_UID"  # = elastrain.backends.local's markers
-CONTAINER_UID_ENV = "ELASTRAIN_CONTAINER_UID"
 _FIRST_PID = 100
 
 
@@ -42,13 +39,6 @@ class _Container:
     spec: ContainerSpec
     pid: int
     log: list[str] = field(default_factory=list)
-
-
-def _environ(pid: int) -> list[bytes]:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
 
 
 class FakeBackend(Backend):
@@ -166,31 +156,7 @@ class FakeBackend(Backend):
         `log_path`."""
         root = self._root(spec.cluster, spec.name)
         root.mkdir(parents=True, exist_ok=True)
-        bin_dir = str(Path(sys.executable).parent)  # the server's `python` and `elastrain` come first
-        env = {**os.environ, **self.environment(spec)}
-        env["PATH"] = os.pathsep.join([bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p)])
-        if log_path is None:
-            proc = subprocess.Popen(
-                command,
-                cwd=root,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        else:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open_private_append(log_path) as log:
-                proc = subprocess.Popen(
-                    command,
-                    cwd=root,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+        proc = start_in_session(command, root, host_env(self.environment(spec)), log_path)
         with self._lock:
             self._procs = [p for p in self._procs if p.poll() is None] + [proc]
             container = self.containers.get((spec.cluster, spec.name))
@@ -205,34 +171,18 @@ class FakeBackend(Backend):
             lines = list(container.log) if container is not None else []
         yield from lines
 
-    def _marked(self, key: str, value: str) -> list[int]:
-        """Live processes this backend started whose environment carries ``key=value``."""
-        marker = f"{key}={value}".encode()
-        with self._lock:
-            procs = [p for p in self._procs if p.poll() is None]
-        pids = {p.pid for p in procs}
-        for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-            if (
-                entry.name.isdigit()
-                and int(entry.name) != os.getpid()
-                and marker in _environ(int(entry.name))
-            ):
-                pids.add(int(entry.name))
-        return sorted(pid for pid in pids if marker in _environ(pid) and pid_alive(pid))
-
     def own_pid(self, spec: ContainerSpec, pid: int) -> int | None:
         """`pid` when it is a live process started in the container (its uid marker), else None."""
         if pid <= 1 or pid == os.getpid():
             return None
-        marker = f"{CONTAINER_UID_ENV}={spec.cluster_uid}/{spec.name}".encode()
-        return pid if marker in _environ(pid) and pid_alive(pid) else None
+        return pid if has_env(pid, CONTAINER_UID_ENV, f"{spec.cluster_uid}/{spec.name}") else None
 
     def stop_processes(
         self, spec: ContainerSpec, env_key: str, env_value: str, pid: int | None, signum: int
     ) -> None:
         """Signal the container's processes carrying ``env_key=env_value``, and `pid` when it is one of
         the container's (never a stranger)."""
-        targets = {p for p in self._marked(env_key, env_value) if self.own_pid(spec, p) is not None}
+        targets = {p for p in pids_with_env(env_key, env_value) if self.own_pid(spec, p) is not None}
         if pid and self.own_pid(spec, pid) is not None:
             targets.add(pid)
         for target in sorted(targets):
@@ -244,7 +194,7 @@ class FakeBackend(Backend):
     def _stop_marked(self, key: str, value: str) -> None:
         """SIGTERM the processes carrying ``key=value``; reap those this backend started."""
         killed = set()
-        for pid in self._marked(key, value):
+        for pid in pids_with_env(key, value):
             try:
                 os.kill(pid, signal.SIGTERM)
                 killed.add(pid)

@@ -31,7 +31,16 @@ from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, Mount
 from elastrain.backends.filemodes import open_private_append, private_dir
-from elastrain.backends.procs import cmdline, pid_alive, pids_with_args, pids_with_env, terminate
+from elastrain.backends.procs import (
+    cmdline,
+    has_env,
+    host_env,
+    pid_alive,
+    pids_with_args,
+    pids_with_env,
+    start_in_session,
+    terminate,
+)
 from elastrain.backends.shm import with_shm_limit
 from elastrain.errors import ConfigError
 from elastrain.hostfile import atomic_write_text
@@ -52,13 +61,6 @@ _OWN_PATHS = (
     "slurm-batch.sh",
 )
 log = logging.getLogger(__name__)
-
-
-def _environ(pid: int) -> list[bytes]:
-    try:
-        return (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
 
 
 def _pgid(pid: int) -> int | None:
@@ -251,33 +253,8 @@ class LocalBackend(Backend):
     ) -> subprocess.Popen[bytes]:
         """Run `command` in the container's root with its environment, in a new session."""
         root = self.container_root(spec.cluster, spec.name)
-        env = {**os.environ, **self.environment(spec)}
-        bin_dir = str(Path(sys.executable).parent)  # the venv's `elastrain` and `python` come first
-        env["PATH"] = os.pathsep.join(
-            [bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p != bin_dir)]
-        )
         command = with_shm_limit(command, spec.shm_bytes)
-        if log_path is None:
-            return subprocess.Popen(
-                command,
-                cwd=root,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open_private_append(log_path) as log:
-            return subprocess.Popen(
-                command,
-                cwd=root,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        return start_in_session(command, root, host_env(self.environment(spec)), log_path)
 
     # --- which processes are the container's: proven by its uid marker in their environment ----------
     def in_container(self, spec: ContainerSpec, pid: int) -> bool:
@@ -286,8 +263,7 @@ class LocalBackend(Backend):
         none, whatever its command line says)."""
         if not spec.cluster_uid or pid <= 1 or pid == os.getpid():
             return False
-        marker = f"{CONTAINER_UID_ENV}={spec.cluster_uid}/{spec.name}".encode()
-        return marker in _environ(pid) and pid_alive(pid)
+        return has_env(pid, CONTAINER_UID_ENV, f"{spec.cluster_uid}/{spec.name}")
 
     def own_pid(self, spec: ContainerSpec, pid: int) -> int | None:
         """`pid` when it is a process of the container, else None (a client names any pid it likes)."""

@@ -1,12 +1,17 @@
-"""Process helpers for the local backend: liveness (zombies count as dead), finding, stopping."""
+"""Process helpers for the host-process backends (local, fake): liveness (zombies count as dead),
+finding by environment or argv, starting commands in a session of their own, stopping."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from elastrain.backends.filemodes import open_private_append
 
 _PROC = Path("/proc")
 
@@ -38,21 +43,69 @@ def cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def environ(pid: int) -> list[bytes]:
+    """The ``KEY=value`` entries of `pid`'s environment ([] when unreadable)."""
+    try:
+        return (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def has_env(pid: int, key: str, value: str) -> bool:
+    """True if `pid` is alive and its environment has ``key=value``."""
+    return f"{key}={value}".encode() in environ(pid) and pid_alive(pid)
+
+
 def pids_with_env(key: str, value: str) -> list[int]:
     """Every live process whose environment has ``key=value`` (needs a readable /proc)."""
-    needle = f"{key}={value}".encode()
-    found = []
     me = os.getpid()
-    for entry in _PROC.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and pid_alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
+    return [
+        int(entry.name)
+        for entry in _PROC.iterdir()
+        if entry.name.isdigit() and int(entry.name) != me and has_env(int(entry.name), key, value)
+    ]
+
+
+def server_first_path(path: str) -> str:
+    """`path` (a PATH value) with the server's own bin directory first: its `python` and `elastrain`
+    are the ones a command finds."""
+    bin_dir = str(Path(sys.executable).parent)
+    return os.pathsep.join([bin_dir, *(p for p in path.split(os.pathsep) if p and p != bin_dir)])
+
+
+def host_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment plus `extra`, with the server's own bin directory first on PATH."""
+    env = {**os.environ, **extra}
+    env["PATH"] = server_first_path(env.get("PATH", ""))
+    return env
+
+
+def start_in_session(
+    command: list[str], cwd: Path, env: Mapping[str, str], log_path: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `command` in a new session, stdin closed; output (stderr too) to a pipe, or appended to
+    `log_path` (created private)."""
+    if log_path is None:
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open_private_append(log_path) as log:
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def pids_with_args(*args: str) -> list[int]:

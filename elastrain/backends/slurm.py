@@ -38,7 +38,7 @@ from typing import Any
 
 from elastrain.backends.api import ContainerSpec, ContainerStatus
 from elastrain.backends.local import CLUSTER_UID_ENV, CONTAINER_UID_ENV, LocalBackend
-from elastrain.backends.procs import pids_with_env, terminate
+from elastrain.backends.procs import pids_with_env, server_first_path, terminate
 from elastrain.backends.slurmctl import SlurmCommands, SlurmError, SlurmJob, SlurmNode
 from elastrain.hostfile import atomic_write_text
 
@@ -91,7 +91,7 @@ class SlurmBackend(LocalBackend):
             return current
         self._stop_jobs(self._jobs_of(root, jobs))
         self._layout(spec, root)
-        env = {**self.environment(spec), "PATH": _venv_path()}
+        env = {**self.environment(spec), "PATH": server_first_path(os.environ.get("PATH", ""))}
         meta: dict[str, Any] = {**asdict(spec), "pid": None, "submitted_at": time.time()}
         meta.update(slurm_job_id=None, slurm_node="", backend="slurm")
         atomic_write_text(root / "container.json", json.dumps(meta, indent=1))  # before the job exists
@@ -289,13 +289,6 @@ def _batch_script(root: Path, address: str) -> str:
         [sys.executable, "-m", "elastrain.backends.container_proc", "--root", str(root), "--address", address]
     )
     return f'#!/bin/sh\necho "elastrain: slurm job $SLURM_JOB_ID on node $SLURMD_NODENAME"\nexec {init}\n'
-
-
-def _venv_path() -> str:
-    """PATH with this interpreter's directory first (the job's `python` and `elastrain`)."""
-    bin_dir = str(Path(sys.executable).parent)
-    rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
-    return os.pathsep.join([bin_dir, *rest])
 
 
 def _under(path: str, base: Path) -> bool:

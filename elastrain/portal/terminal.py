@@ -13,7 +13,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import threading
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from elastrain.backends.procs import server_first_path
 from elastrain.backends.shm import with_shm_limit
 
 if TYPE_CHECKING:
@@ -162,10 +162,7 @@ class TerminalSession:
                     _set_size(master, int(str(size[0])), int(str(size[1])))
             env = {**os.environ, **target.env, "TERM": "xterm-256color", "HOME": str(target.cwd)}
             env["PS1"] = f"[{target.label}] \\W$ "
-            bin_dir = str(Path(sys.executable).parent)
-            env["PATH"] = os.pathsep.join(
-                [bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p != bin_dir)]
-            )
+            env["PATH"] = server_first_path(env.get("PATH", ""))
             argv = target.argv_for(target.env) if target.argv_for is not None else None
             proc = subprocess.Popen(
                 argv or with_shm_limit(_shell(), target.shm_bytes),
