@@ -3,7 +3,7 @@ Pollux benchmark list (pollux-1.0x, 8 workloads, 16 nodes x 4 GPUs).
 
     python bench/scheduler.py [--trace CSV] [--gpus 32,64,128] [--policies ...] [--json PATH] [--jobs N]
                               [--pollux LIST] [--pollux-gpus 64] [--pollux-workloads all] [--no-philly]
-                              [--no-pollux]
+                              [--no-pollux] [--loads 0.5,2] [--load-gpus 64] [--no-loads]
 
 Philly: one table per cluster size (avg/p50/p99 JCT, waiting time, slowdown, utilisation, resizes,
 preemptions, simulation time) and the elastic/tiresias ratios against the issue's targets
@@ -11,6 +11,9 @@ preemptions, simulation time) and the elastic/tiresias ratios against the issue'
 Pollux list (benchmark mode, see docs/scheduler.md): the mean over the workloads per policy and the
 reproduction check (tiresias within 10 % of the published 3,470 s on workload-6 and 1.12 h over the
 8 workloads; elastic avg JCT <= 0.80x tiresias's, Pollux reports 0.68x).
+Load levels (evaluation only, no target; the policies were tuned on the window as it is): the same
+window with its arrivals 0.5x and 2x as fast (submit times stretched / compressed), elastic and
+tiresias at 64 GPUs, and their avg/p99 JCT ratios.
 Runs are independent, so ``--jobs`` runs them in parallel processes.
 """
 
@@ -28,7 +31,7 @@ from elastrain.scheduler.benchsim import simulate_benchmark
 from elastrain.scheduler.metrics import format_table, summarize
 from elastrain.scheduler.registry import make_policy
 from elastrain.scheduler.simulator import SimConfig, SimResult, simulate
-from elastrain.scheduler.trace import read_trace
+from elastrain.scheduler.trace import read_trace, scale_arrivals
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = ROOT.parent / "shared/traces/philly/philly_2017-10-09_48h.csv"
@@ -36,12 +39,40 @@ DEFAULT_POLLUX = ROOT.parent / "shared/traces/pollux_benchmark/pollux-1.0x.csv"
 POLLUX_SET, POLLUX_RATIO, REPRO_TOLERANCE = "pollux-1.0x", 0.80, 0.10
 POLICIES = ("static", "static-backfill", "tiresias", "elastic")
 TARGET_RATIO, TIME_LIMIT_S = 0.70, 30.0
+LOAD_POLICIES = ("tiresias", "elastic")
 
 
-def run_one(trace: Path, policy: str, gpus: int) -> tuple[SimResult, float]:
-    """One simulation; returns the result and its CPU seconds."""
-    res = simulate(read_trace(trace), make_policy(policy), SimConfig(gpus=gpus))
+def run_one(trace: Path, policy: str, gpus: int, rate: float = 1.0) -> tuple[SimResult, float]:
+    """One simulation (arrivals ``rate`` times as fast); returns the result and its CPU seconds."""
+    jobs = read_trace(trace)
+    res = simulate(
+        jobs if rate == 1.0 else scale_arrivals(jobs, rate), make_policy(policy), SimConfig(gpus=gpus)
+    )
     return res, res.cpu_s
+
+
+def load_report(args: argparse.Namespace, pool: ProcessPoolExecutor | None) -> dict:
+    """Elastic vs tiresias on the window at other arrival rates (evaluation only, no target)."""
+    rates = [float(r) for r in args.loads.split(",") if r.strip()]
+    tasks = [(args.trace, p, args.load_gpus, r) for r in rates for p in LOAD_POLICIES]
+    outs = list(pool.map(run_one, *zip(*tasks))) if pool else [run_one(*t) for t in tasks]
+    print(f"\n== load levels: arrivals x{', x'.join(f'{r:g}' for r in rates)} at {args.load_gpus} GPUs ==")
+    payload: dict[str, dict] = {}
+    for rate in rates:
+        summaries = {
+            p: {**summarize(res), "sim_cpu_s": cpu}
+            for (_, p, _, r), (res, cpu) in zip(tasks, outs)
+            if r == rate
+        }
+        payload[f"{rate:g}"] = summaries
+        e, t = summaries["elastic"], summaries["tiresias"]
+        print(
+            f"arrivals x{rate:g}: avg JCT h elastic {e['avg_jct_s'] / 3600:.2f}"
+            f" tiresias {t['avg_jct_s'] / 3600:.2f} -> ratio {e['avg_jct_s'] / t['avg_jct_s']:.2f};"
+            f" p99 ratio {e['p99_jct_s'] / t['p99_jct_s']:.2f}"
+            f" (CPU s: elastic {e['sim_cpu_s']:.1f}, tiresias {t['sim_cpu_s']:.1f})"
+        )
+    return payload
 
 
 def philly_report(
@@ -148,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pollux-workloads", default="all", help="one workload of the list, or all")
     ap.add_argument("--no-philly", action="store_true", help="skip the Philly window")
     ap.add_argument("--no-pollux", action="store_true", help="skip the Pollux list")
+    ap.add_argument("--loads", default="0.5,2", help="arrival-rate factors of the Philly window to evaluate")
+    ap.add_argument("--load-gpus", type=int, default=64, help="cluster size for the load levels")
+    ap.add_argument("--no-loads", action="store_true", help="skip the load levels")
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     pool = ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
@@ -159,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                 ok &= good
             else:
                 print(f"\nno Pollux list at {args.pollux} (--pollux): skipped")
+        if not args.no_loads and not args.no_philly:
+            payload["loads"] = load_report(args, pool)
     finally:
         if pool is not None:
             pool.shutdown()

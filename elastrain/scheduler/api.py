@@ -11,7 +11,6 @@ Units: a job has workers (containers) of ``gpus_per_worker`` GPUs each, all on o
 from __future__ import annotations
 
 import bisect
-import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +28,14 @@ from elastrain.scheduler.decisions import (
     Wait,
 )
 from elastrain.scheduler.inventory import InvalidDecision, Inventory, Placement, placement_workers
+from elastrain.scheduler.queue_index import (
+    NeedKind,
+    QueueIds,
+    QueueRanking,
+    QueueView,
+    cached_view,
+    hand_over,
+)
 
 __all__ = [
     "ClusterState",
@@ -137,12 +144,18 @@ def queue_key(job: Job) -> tuple[int, float, str]:
 
 @dataclass(frozen=True)
 class ClusterState:
-    """Everything a policy sees: nodes, running jobs, queued jobs (in :func:`queue_key` order), time."""
+    """Everything a policy sees: nodes, running jobs, queued jobs (in :func:`queue_key` order), time.
+
+    It also caches indexes of its queue (:meth:`queue_ranking`), which a state derived from it by
+    :meth:`with_arrivals`, :meth:`with_time` or :func:`apply` takes over and updates, so a long queue
+    is not re-sorted at every decision (see :mod:`elastrain.scheduler.queue_index`).
+    """
 
     nodes: tuple[Node, ...]
     running: tuple[Job, ...] = ()
     queued: tuple[Job, ...] = ()
     now_s: float = 0.0
+    _views: dict[object, QueueView] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def empty(cls, gpus: int, gpus_per_node: int = 8) -> ClusterState:
@@ -171,20 +184,36 @@ class ClusterState:
     def with_arrivals(self, jobs: Iterable[Job]) -> ClusterState:
         """New queued jobs (no placement) inserted in queue order."""
         queued = list(self.queued)
-        for job in jobs:
+        arrivals = tuple(jobs)
+        for job in arrivals:
             if job.placement:
                 raise InvalidDecision(f"job {job.id}: an arriving job cannot hold GPUs")
             if queued and queue_key(job) >= queue_key(queued[-1]):
                 queued.append(job)
             else:
                 queued.insert(bisect.bisect_left(queued, queue_key(job), key=queue_key), job)
-        return replace(self, queued=tuple(queued))
+        new = replace(self, queued=tuple(queued))
+        hand_over(self._views, self.queued, new._views, new.queued, added=arrivals)
+        return new
 
     def with_time(self, now_s: float, running: Sequence[Job] | None = None) -> ClusterState:
         """The same inventory at ``now_s``, optionally with updated running jobs (same placements)."""
         if running is None:
-            return replace(self, now_s=now_s)
-        return replace(self, now_s=now_s, running=tuple(running))
+            new = replace(self, now_s=now_s)
+        else:
+            new = replace(self, now_s=now_s, running=tuple(running))
+        hand_over(self._views, self.queued, new._views, new.queued)
+        return new
+
+    def queue_ranking(self, thresholds: tuple[float, ...], need: NeedKind) -> QueueRanking:
+        """The queue in least-attained-service rank order for ``thresholds`` (GPU-seconds), bucketed
+        by ``need`` (see :class:`~elastrain.scheduler.queue_index.QueueRanking`)."""
+        key = ("rank", thresholds, need)
+        return cached_view(self._views, self.queued, key, lambda: QueueRanking(thresholds, need, self.queued))
+
+    def queued_job(self, job_id: str) -> Job | None:
+        """The queued job ``job_id``, or None."""
+        return cached_view(self._views, self.queued, "ids", lambda: QueueIds(self.queued)).by_id.get(job_id)
 
 
 class Policy(ABC):
@@ -208,10 +237,8 @@ def apply(state: ClusterState, decisions: Sequence[Decision]) -> ClusterState:
         return state
     inv = state.inventory()
     running: dict[str, Job] = {j.id: j for j in state.running}
-    wanted = {
-        d.job_id for d in decisions if d.kind in (DecisionKind.START, DecisionKind.FINISH, DecisionKind.WAIT)
-    }
-    queued_at = _find_queued(state.queued, wanted - running.keys())
+    wanted = {d.job_id for d in decisions if d.kind in (DecisionKind.START, DecisionKind.FINISH)}
+    queued_at = _find_queued(state, wanted - running.keys())
     removed_from_queue: set[int] = set()
     requeued: list[Job] = []
     for d in decisions:
@@ -230,7 +257,7 @@ def apply(state: ClusterState, decisions: Sequence[Decision]) -> ClusterState:
             removed_from_queue.add(idx)
             running[job.id] = replace(job, placement=placement, reason=d.reason, service_since_s=state.now_s)
         elif d.kind is DecisionKind.WAIT:
-            if job is None and d.job_id not in queued_at:
+            if job is None and state.queued_job(d.job_id) is None:
                 raise InvalidDecision(f"wait {d.job_id}: unknown job")
         elif d.kind is DecisionKind.FINISH:
             if job is not None:
@@ -255,6 +282,8 @@ def apply(state: ClusterState, decisions: Sequence[Decision]) -> ClusterState:
     new = ClusterState(
         nodes=nodes, running=tuple(running[i] for i in order), queued=queued, now_s=state.now_s
     )
+    left = (state.queued[i].id for i in removed_from_queue)
+    hand_over(state._views, state.queued, new._views, new.queued, removed=left)
     return new.with_arrivals(requeued) if requeued else new
 
 
@@ -276,28 +305,19 @@ def _resize(inv: Inventory, job: Job, d: Decision) -> Job:
     return replace(job, placement=placement, reason=d.reason)
 
 
-def _find_queued(queued: tuple[Job, ...], ids: set[str], head: int = 256) -> dict[str, int]:
-    """Indices of ``ids`` in ``queued``: a scan of the head (where policies usually start jobs),
-    then C-speed lookups in the rest (the queue can hold tens of thousands of jobs)."""
+def _find_queued(state: ClusterState, ids: set[str]) -> dict[str, int]:
+    """Positions of ``ids`` in ``state.queued``: by id (the state's cached index), then by bisection
+    on :func:`queue_key` (the queue can hold tens of thousands of jobs); a scan if the queue is not
+    in that order (a state built by hand)."""
     found: dict[str, int] = {}
-    if not ids:
-        return found
-    for i, job in enumerate(queued[:head]):
-        if job.id in ids:
-            found[job.id] = i
-            if len(found) == len(ids):
-                return found
-    if len(queued) > head:
-        rest = list(map(_job_id, queued[head:]))
-        for jid in ids - found.keys():
-            try:
-                found[jid] = head + rest.index(jid)
-            except ValueError:
-                pass
+    queued = state.queued
+    for jid in ids:
+        job = state.queued_job(jid)
+        if job is None:
+            continue
+        i = bisect.bisect_left(queued, queue_key(job), key=queue_key)
+        found[jid] = i if i < len(queued) and queued[i] is job else queued.index(job)
     return found
-
-
-_job_id = operator.attrgetter("id")
 
 
 def _drop(queued: tuple[Job, ...], indices: set[int]) -> tuple[Job, ...]:

@@ -30,17 +30,19 @@ takes GPUs away from a running job when another job's minimum needs them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from elastrain.scheduler.api import ClusterState, Decision, Job, Policy, Preempt, Wait
 from elastrain.scheduler.elastic_plan import Plan, SpeedFn, replays
+from elastrain.scheduler.queue_index import NeedKind, QueueRanking
 from elastrain.scheduler.ranking import (
     GPU_HOUR,
-    earliest_waiting_since,
+    RankedStream,
     next_crossing_s,
     protected_extras,
     rank_jobs,
+    running_entries,
 )
 from elastrain.scheduler.throughput import job_speed
 
@@ -101,9 +103,22 @@ class ElasticPolicy(Policy):
         return ranked
 
     def decide(self, state: ClusterState) -> list[Decision]:
-        """See the module docstring."""
-        ranked = self.rank(state)
-        kept, _ = self._minimums(ranked, state.total_gpus)
+        """See the module docstring.
+
+        Unless a queued job could be starving (then the whole ranking of :meth:`rank` is needed),
+        the minimums are handed out walking the queue's cached rank order
+        (:meth:`ClusterState.queue_ranking`), which stops once no GPU is left or no job left fits."""
+        queue = state.queue_ranking(self.thresholds, NeedKind.MINIMUM)
+        queued_ranked: Iterable[Job]
+        if self._may_starve(queue, state.now_s):
+            ranked = self.rank(state)
+            kept, _ = self._minimums(ranked, state.total_gpus)
+            queued_ranked = (j for j in ranked if not j.placement)
+        else:
+            running = running_entries(state.running, self.thresholds, state.now_s)
+            stream = RankedStream(running, queue.cursor(), running_first=not self.preemptive)
+            kept, _ = self._keep_minimums(stream.next, state.total_gpus)
+            queued_ranked = queue.ranked()
         kept_ids = {j.id for j in kept}
         rank = {j.id: i for i, j in enumerate(kept)}
         plan = Plan(state.inventory(), {j.id: j for j in state.running}, self.speed, rank)
@@ -118,10 +133,10 @@ class ElasticPolicy(Policy):
                 waiting.append(
                     Wait(job.id, reason=f"waiting for {job.min_workers * job.gpus_per_worker} GPUs")
                 )
-        for job in ranked:
+        for job in queued_ranked:
             if len(waiting) >= MAX_WAITS:
                 break
-            if job.id not in kept_ids and not job.placement:
+            if job.id not in kept_ids:
                 need = job.min_workers * job.gpus_per_worker
                 waiting.append(Wait(job.id, reason=f"waiting for {need} GPUs (its minimum)"))
         plan.grow(self.min_gain)
@@ -138,17 +153,30 @@ class ElasticPolicy(Policy):
         ]
         return preempts + steps + waiting
 
-    @staticmethod
-    def _minimums(ranked: Sequence[Job], total_gpus: int) -> tuple[list[Job], list[Job]]:
+    def _may_starve(self, queue: QueueRanking, now_s: float) -> bool:
+        """Whether a queued job could be starving: only a job needing more than one GPU can be
+        skipped (one GPU fits whenever any is left), so the earliest such job decides."""
+        since = queue.earliest_multi_gpu_wait()
+        return since is not None and now_s - since >= self.starvation_s
+
+    @classmethod
+    def _minimums(cls, ranked: Sequence[Job], total_gpus: int) -> tuple[list[Job], list[Job]]:
         """``(kept, skipped)``: the jobs that get their minimum, in rank order (each if it fits in
         what is not yet promised), and the queued jobs passed over for a lower-ranked one."""
+        jobs = iter(ranked)
+        return cls._keep_minimums(lambda _max_need: next(jobs, None), total_gpus)
+
+    @staticmethod
+    def _keep_minimums(next_job: Callable[[int], Job | None], total_gpus: int) -> tuple[list[Job], list[Job]]:
+        """:meth:`_minimums` over ``next_job(gpus_left)``, the next job in rank order; it may leave
+        out queued jobs needing more than ``gpus_left`` (they could not be kept, only skipped)."""
         budget = total_gpus
         kept: list[Job] = []
         passed: list[Job] = []  # queued jobs that did not fit while GPUs were left
         skipped: list[Job] = []
         band: int | None = None
         protected: set[str] = set()  # jobs whose extras are already withheld
-        for job in ranked:
+        while (job := next_job(budget)) is not None:
             if job.priority != band:
                 if band is not None:
                     fresh = [j for j in kept if j.id not in protected and j.priority > job.priority]
@@ -173,7 +201,7 @@ class ElasticPolicy(Policy):
             return None
         now = state.now_s
         times = [next_crossing_s(self.thresholds, state.running, now)]
-        since = earliest_waiting_since(j for j in state.queued if j.min_workers * j.gpus_per_worker > 1)
+        since = state.queue_ranking(self.thresholds, NeedKind.MINIMUM).earliest_multi_gpu_wait()
         times.append(since + self.starvation_s if since is not None else None)
         future = [t for t in times if t is not None and t > now]
         return min(future, default=None)

@@ -9,10 +9,10 @@ place when it is preempted and re-queued.
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterable, Sequence
 
 from elastrain.scheduler.api import Job
+from elastrain.scheduler.queue_index import Entry, NeedKind, QueueCursor, need_of
 
 GPU_HOUR = 3600.0
 
@@ -56,14 +56,73 @@ def rank_jobs(
     return [jobs[k[-1]] for k in keyed]
 
 
-def earliest_waiting_since(queued: Iterable[Job]) -> float | None:
-    """The earliest time a queued job last entered the queue (for the starvation wakeup)."""
-    best = math.inf
-    for job in queued:
-        since = job.service_since_s if job.service_since_s > job.arrival_s else job.arrival_s
-        if since < best:
-            best = since
-    return best if best < math.inf else None
+def running_entries(running: Iterable[Job], thresholds: Sequence[float], now_s: float) -> list[Entry]:
+    """The running jobs' rank keys at ``now_s`` (their level follows their growing service), sorted.
+    (The :func:`~elastrain.scheduler.queue_index.rank_entry` tuple, inlined: this runs per event.)"""
+    bisect_right = bisect.bisect_right
+    out = [
+        (-j.priority, bisect_right(thresholds, j.attained_at(now_s)), j.arrival_s, j.id, j) for j in running
+    ]
+    out.sort()
+    return out
+
+
+def keep_fitting(running: list[Entry], queue: QueueCursor, budget: int, kind: NeedKind) -> list[Job]:
+    """Running and queued jobs in rank order, each kept if its need fits in the GPUs not yet
+    promised, until none is left or nothing left fits (queued jobs that do not fit are never
+    visited); the kept jobs in rank order. One flat merge loop: it runs at every event."""
+    kept: list[Job] = []
+    q = queue.peek(budget)
+    requested = kind is NeedKind.REQUESTED
+    for entry in running:
+        while q is not None and q < entry:  # peek: it fits
+            kept.append(q[-1])
+            budget -= need_of(q[-1], kind)
+            queue.advance()
+            if budget <= 0:
+                return kept
+            q = queue.peek(budget)
+        job = entry[-1]
+        need = (job.requested if requested else job.min_workers) * job.gpus_per_worker  # need_of, inlined
+        if need <= budget:
+            kept.append(job)
+            budget -= need
+            if budget <= 0:
+                return kept
+            q = queue.peek(budget)
+    while q is not None:
+        kept.append(q[-1])
+        budget -= need_of(q[-1], kind)
+        queue.advance()
+        if budget <= 0:
+            break
+        q = queue.peek(budget)
+    return kept
+
+
+class RankedStream:
+    """Running and queued jobs in :func:`rank_jobs` order, the queue walked lazily through a
+    :class:`~elastrain.scheduler.queue_index.QueueCursor`, so a scan that stops early costs what it
+    visits, not the queue's length. ``running_first``: every running job before any queued one."""
+
+    __slots__ = ("_next_running", "_queue", "_running", "_running_first")
+
+    def __init__(self, running: list[Entry], queue: QueueCursor, running_first: bool = False) -> None:
+        self._running, self._queue, self._running_first = running, queue, running_first
+        self._next_running = 0
+
+    def next(self, max_need: int) -> Job | None:
+        """The next job, leaving out queued jobs that need more than ``max_need`` GPUs (a bound that
+        must never grow between calls); every running job comes, whatever its need. None at the end."""
+        queued = self._queue.peek(max_need)
+        i = self._next_running
+        if i < len(self._running) and (queued is None or self._running_first or self._running[i] < queued):
+            self._next_running = i + 1
+            return self._running[i][-1]
+        if queued is None:
+            return None
+        self._queue.advance()
+        return queued[-1]
 
 
 def protected_extras(kept: Iterable[Job], priority: int) -> int:

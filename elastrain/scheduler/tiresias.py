@@ -25,7 +25,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from elastrain.scheduler.api import ClusterState, Decision, Job, Policy, Preempt, Start, Wait
-from elastrain.scheduler.ranking import GPU_HOUR, next_crossing_s, rank_jobs, service_level
+from elastrain.scheduler.queue_index import NeedKind
+from elastrain.scheduler.ranking import (
+    GPU_HOUR,
+    keep_fitting,
+    next_crossing_s,
+    running_entries,
+    service_level,
+)
 
 DEFAULT_THRESHOLDS = (16 * GPU_HOUR,)
 MAX_WAITS = 16  # Wait decisions per pass (informational; the queue can hold thousands)
@@ -48,39 +55,36 @@ class TiresiasPolicy(Policy):
         return (-job.priority, self.level(job, now_s), job.arrival_s, job.id)
 
     def decide(self, state: ClusterState) -> list[Decision]:
-        """Keep jobs in rank order while their gangs fit; preempt the running rest, start the queued."""
+        """Keep jobs in rank order while their gangs fit; preempt the running rest, start the queued.
+
+        The scan walks the queue's cached rank order (:meth:`ClusterState.queue_ranking`) and stops
+        as soon as no GPU is left or no job left fits, so it costs what it keeps, not the queue."""
         now = state.now_s
-        ranked = rank_jobs(state.running, state.queued, self.thresholds, now)
-        budget = state.total_gpus
-        kept: set[str] = set()
-        last = -1  # the rank of the last kept job: nothing after it fits
-        for i, job in enumerate(ranked):
-            need = job.requested * job.gpus_per_worker
-            if need <= budget:
-                kept.add(job.id)
-                budget -= need
-                last = i
-                if budget <= 0:
-                    break
+        queue = state.queue_ranking(self.thresholds, NeedKind.REQUESTED)
+        running = running_entries(state.running, self.thresholds, now)
+        kept = keep_fitting(running, queue.cursor(), state.total_gpus, NeedKind.REQUESTED)  # rank order
+        kept_ids = {j.id for j in kept}
         inv = state.inventory()
         out: list[Decision] = []
         for job in state.running:
-            if job.id not in kept:
+            if job.id not in kept_ids:
                 inv.remove_all(job.id, job.gpus_per_worker)
                 reason = f"preempted (queue {self.level(job, now)} after {job.attained_at(now):.0f} GPU-s)"
                 out.append(Preempt(job.id, reason=reason))
-        waits: list[Decision] = []
-        for i, job in enumerate(ranked):
-            if i > last and len(waits) >= MAX_WAITS:
-                break
-            if job.placement:
-                continue
+        started: set[str] = set()
+        for job in kept:
             n, gpw = job.requested, job.gpus_per_worker
-            if job.id in kept and inv.capacity(gpw) >= n:
+            if not job.placement and inv.capacity(gpw) >= n:
                 inv.add(job.id, gpw, n)
+                started.add(job.id)
                 out.append(Start(job.id, n, reason=f"queue {self.level(job, now)}: started at {n} worker(s)"))
-            elif len(waits) < MAX_WAITS:
-                waits.append(Wait(job.id, reason=f"queue {self.level(job, now)}: waiting for {n * gpw} GPUs"))
+        waits: list[Decision] = []  # the best-ranked queued jobs not started
+        for job in queue.ranked():
+            if len(waits) >= MAX_WAITS:
+                break
+            if job.id not in started:
+                need = job.requested * job.gpus_per_worker
+                waits.append(Wait(job.id, reason=f"queue {self.level(job, now)}: waiting for {need} GPUs"))
         return out + waits
 
     def next_wakeup_s(self, state: ClusterState) -> float | None:

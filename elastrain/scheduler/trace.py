@@ -115,3 +115,14 @@ def repeat_trace(jobs: list[TraceJob], times: int, period_s: float | None = None
     for k in range(1, times):
         out.extend(replace(j, job_id=f"{j.job_id}#{k}", submit_s=j.submit_s + k * period_s) for j in jobs)
     return out
+
+
+def scale_arrivals(jobs: list[TraceJob], rate: float) -> list[TraceJob]:
+    """The same jobs arriving ``rate`` times as fast (0.5: half the load, 2: twice): submit times
+    measured from the first are divided by ``rate``; run times and sizes stay."""
+    if not math.isfinite(rate) or rate <= 0:
+        raise ConfigError(f"arrival rate must be a number > 0, not {rate}")
+    if not jobs:
+        return []
+    first = min(j.submit_s for j in jobs)
+    return [replace(j, submit_s=first + (j.submit_s - first) / rate) for j in jobs]

@@ -15,7 +15,7 @@ from elastrain.scheduler.metrics import METRIC_KEYS, format_table, percentile, s
 from elastrain.scheduler.registry import make_policy
 from elastrain.scheduler.simulator import SimConfig, model_for, simulate, to_job
 from elastrain.scheduler.tiresias import TiresiasPolicy
-from elastrain.scheduler.trace import TraceJob, read_trace, repeat_trace
+from elastrain.scheduler.trace import TraceJob, read_trace, repeat_trace, scale_arrivals
 
 HEADER = "job_id,submit_time_s,num_gpus,duration_s,vc\n"
 
@@ -174,6 +174,17 @@ def test_repeat_trace_shifts_copies_by_whole_hours() -> None:
     ]
     with pytest.raises(ConfigError):
         repeat_trace(jobs, 0)
+
+
+def test_scale_arrivals_compresses_or_stretches_submit_times_from_the_first() -> None:
+    jobs = [TraceJob("a", 100, 1, 5), TraceJob("b", 300, 2, 7)]
+    assert [(j.job_id, j.submit_s, j.duration_s) for j in scale_arrivals(jobs, 2)] == [
+        ("a", 100, 5),
+        ("b", 200, 7),
+    ]
+    assert [j.submit_s for j in scale_arrivals(jobs, 0.5)] == [100, 500]
+    with pytest.raises(ConfigError, match="arrival rate"):
+        scale_arrivals(jobs, 0)
 
 
 # ------------------------------------------------------------------ CLI
