@@ -3,8 +3,10 @@ jobs can rely on the same behaviour whichever backend the server runs.
 
 Parametrised over the in-memory backend (`elastrain.backends.fake`), the process backend (`local`), the
 container backend (podman; skipped where podman cannot run containers or no elastrain image is built:
-``make image``) and the Slurm backend (the private cluster of ``tests/slurm``; skipped without
-slurm-wlm). The fake and process parts take a few seconds.
+``make image``), the Slurm backend (the private cluster of ``tests/slurm``; skipped without
+slurm-wlm) and the Kubernetes backend (the private control plane of ``tests/k8s``; skipped without
+``make k8s-deps``; no kubelet runs pods there, so the cases that need a running container skip with
+that reason). The fake and process parts take a few seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, ImageEntry
 from elastrain.backends.local import HOSTFILE_PATH
 from elastrain.server.reconciler import tenant_uid
+from tests.k8s.conftest import NO_KUBELET, k8s_namespace, kube_plane  # noqa: F401 - the kubernetes case's
 from tests.slurm.conftest import slurm_cluster  # noqa: F401 - the Slurm parametrisation's fixture
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,6 +40,7 @@ class Subject:
     launcher: ContainerSpec
     worker: ContainerSpec
     ready_s: float  # how long a container may take to become ready
+    runs_pods: bool = True  # False: containers are created but never run (Kubernetes without a kubelet)
 
 
 def _specs(image: str, cluster: str) -> tuple[ContainerSpec, ContainerSpec]:
@@ -94,11 +98,20 @@ def _slurm(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Backend, str
     return SlurmBackend(tmp_path / "data", stop_timeout_s=3.0, commands=commands), "local", 60.0
 
 
+def _kubernetes(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Backend, str, float]:
+    from tests.k8s.conftest import make_backend
+
+    plane = request.getfixturevalue("kube_plane")  # skips without `make k8s-deps`
+    namespace = request.getfixturevalue("k8s_namespace")
+    return make_backend(plane, namespace, tmp_path / "data"), "localhost/elastrain-pytorch:latest", 120.0
+
+
 BACKENDS: dict[str, Callable[[Path, pytest.FixtureRequest], tuple[Backend, str, float]]] = {
     "fake": _fake,
     "process": _process,
     "container": _container,
     "slurm": _slurm,
+    "kubernetes": _kubernetes,
 }
 
 
@@ -108,13 +121,14 @@ BACKENDS: dict[str, Callable[[Path, pytest.FixtureRequest], tuple[Backend, str, 
         "process",
         pytest.param("container", marks=pytest.mark.slow),
         pytest.param("slurm", marks=pytest.mark.slurm),
+        pytest.param("kubernetes", marks=pytest.mark.k8s),
     ]
 )
 def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
     backend, image, ready_s = BACKENDS[request.param](tmp_path, request)
     launcher, worker = _specs(image, f"ct{secrets.token_hex(3)}")
     try:
-        yield Subject(backend, launcher, worker, ready_s)
+        yield Subject(backend, launcher, worker, ready_s, runs_pods=request.param != "kubernetes")
     finally:
         backend.delete_cluster(launcher.cluster, launcher.cluster_uid)
         backend.close()
@@ -136,6 +150,8 @@ def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
 
 def _started(subject: Subject, *specs: ContainerSpec) -> None:
     """Create `specs` (default: the launcher) and wait until each is listed alive and ready."""
+    if not subject.runs_pods:
+        pytest.skip(NO_KUBELET)
     for spec in specs or (subject.launcher,):
         subject.backend.create_container(spec)
     for spec in specs or (subject.launcher,):
