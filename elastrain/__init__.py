@@ -8,6 +8,8 @@ Public API (import cost is small: torch loads only when the runtime is used)::
 
     @elastrain.run
     def train(state): ...
+
+From any script (torchrun-style, Horovod-style, plain): ``elastrain.report(loss=..., step=...)``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from elastrain.errors import (
 )
 
 if TYPE_CHECKING:
+    from elastrain.reporting import report
     from elastrain.runtime.data import BatchPolicy, ElasticSampler, micro_batches
     from elastrain.runtime.loop import get_runtime, init, rank, run, world_size
     from elastrain.runtime.state import State
@@ -46,6 +49,7 @@ _LAZY = {
     "ElasticSampler": "elastrain.runtime.data",
     "BatchPolicy": "elastrain.runtime.data",
     "micro_batches": "elastrain.runtime.data",
+    "report": "elastrain.reporting",
 }
 
 
@@ -78,6 +82,7 @@ __all__ = [
     "init",
     "micro_batches",
     "rank",
+    "report",
     "run",
     "world_size",
 ]

@@ -245,9 +245,11 @@ class Client:
         priority: int = 0,
         memory: str = "",
         cpus: float = 0.0,
+        gpu_type: str | None = None,
     ) -> ClusterInfo:
         """Create a cluster (its containers start asynchronously); ``min_containers``/``max_containers``
-        make it elastic (a server started with ``--scheduler elastic`` resizes it within them)."""
+        make it elastic (a server started with ``--scheduler elastic`` resizes it within them);
+        ``gpu_type`` asks for GPUs of one model (sent only when given: an older server refuses it)."""
         body: dict[str, Any] = {
             "name": name,
             "framework": framework,
@@ -263,6 +265,8 @@ class Client:
             "max_containers": max_containers,
             "priority": priority,
         }
+        if gpu_type is not None:
+            body["gpu_type"] = gpu_type
         return ClusterInfo.from_json(self._request("POST", "/clusters", json=body).json())
 
     def list_images(self) -> list[dict[str, Any]]:
@@ -353,9 +357,13 @@ class Client:
             raise ClientError(f"lost the connection to {self.url} while running the command: {exc}") from None
 
     # --- jobs --------------------------------------------------------------------------------------
-    def submit_job(self, cluster: str, command: list[str]) -> dict[str, Any]:
-        """Run `command` detached in the cluster's launcher container; returns the job."""
-        return dict(self._request("POST", f"/clusters/{cluster}/jobs", json={"command": command}).json())
+    def submit_job(self, cluster: str, command: list[str], tensorboard_dir: str = "") -> dict[str, Any]:
+        """Run `command` detached in the cluster's launcher container (writing TensorBoard scalars under
+        `tensorboard_dir` there, when given); returns the job."""
+        body: dict[str, Any] = {"command": command}
+        if tensorboard_dir:
+            body["tensorboard_dir"] = tensorboard_dir
+        return dict(self._request("POST", f"/clusters/{cluster}/jobs", json=body).json())
 
     def get_job(self, job_id: int) -> dict[str, Any]:
         """A job with its status and last reported progress."""

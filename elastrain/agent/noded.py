@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any
 
-from elastrain.agent.services import Supervisor, container_services
+from elastrain.agent.services import LAB_TOKEN_ENV, Supervisor, container_services
 
 NODE_PORT = 29600
 SECRET_ENV = "ELASTRAIN_NODE_SECRET"
@@ -146,7 +146,8 @@ class NodeDaemon:
             raise ValueError("env must be an object")
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in job_env.items() if k not in CONTAINER_OWN})
-        env.pop(SECRET_ENV, None)  # the job does not need it
+        env.pop(SECRET_ENV, None)  # the job needs neither
+        env.pop(LAB_TOKEN_ENV, None)
         proc = subprocess.Popen(
             [sys.executable, "-m", "elastrain.agent.agent", *args],
             env=env,

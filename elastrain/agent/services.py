@@ -8,7 +8,10 @@ key). The node daemon starts, for its container,
   ``net.ipv4.ip_unprivileged_port_start`` lets it bind 22), public-key only, with the container's own
   environment (PATH with the venv, its GPUs, the ``ELASTRAIN_*`` variables) set in every session, so
   ``ssh <cluster>-worker-1`` and DeepSpeed's pdsh launcher work between the containers of a cluster;
-* the framework's services (`framework_services`; e.g. munge and the Slurm daemons for ``slurm``).
+* the framework's services (`framework_services`; e.g. munge and the Slurm daemons for ``slurm``);
+* in a launcher given a lab token (``ELASTRAIN_LAB_TOKEN``), JupyterLab (`jupyterlab_service`) on
+  `LAB_PORT` of the container's address, under ``/clusters/<cluster>/lab/`` (the portal proxies that
+  path to it, adding the token, so the browser never sees it).
 
 A `Supervisor` keeps each running: a service that exits is started again after a short back-off, and
 each restart is logged to the container's log.
@@ -16,14 +19,18 @@ each restart is logged to the container's log.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("elastrain.noded")
 
@@ -34,6 +41,16 @@ RUN_DIR = Path("/tmp/elastrain-services")  # the container's own /tmp: configs, 
 # variables of the container that ssh sessions get too (sshd starts sessions with a clean environment)
 SESSION_ENV_PREFIXES = ("ELASTRAIN_", "CUDA_", "NVIDIA_")
 SESSION_ENV_NAMES = ("PATH", "PYTHONUNBUFFERED", "PDSH_RCMD_TYPE", "LANG")
+LAB_TOKEN_ENV = "ELASTRAIN_LAB_TOKEN"  # the cluster's JupyterLab token (the server keeps it)
+LAB_PORT = 8888
+LAB_SHELL = "/bin/bash"  # JupyterLab's terminals: an interactive, non-login bash (keeps the venv's PATH)
+# JupyterLab writes its token into every page's config; through the portal nobody needs it there (the
+# proxy adds it to each request), so a config-file hook (code: a .py beside the .json) blanks it
+LAB_PAGE_HOOK = """# written by the elastrain node daemon: the proxy adds the token, pages never carry it
+c.ServerApp.tornado_settings = {"page_config_hook": lambda handler, config: {**config, "token": ""}}
+"""
+# defaults of JupyterLab's settings (the user's own still win): never ask to fetch news (offline)
+LAB_SETTING_OVERRIDES = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false"}}
 STABLE_S = 60.0  # a service that ran this long before exiting restarts after 1 s again (no back-off)
 
 
@@ -102,6 +119,63 @@ def sshd_service(
     return Service("sshd", [SSHD, "-D", "-e", "-f", str(config)], prepare)
 
 
+def lab_base_url(cluster: str) -> str:
+    """The path JupyterLab serves under: the portal's proxy path of the cluster (links work through it)."""
+    return f"/clusters/{cluster}/lab/"
+
+
+def lab_config(environ: Mapping[str, str], run_dir: Path = RUN_DIR) -> dict[str, Any]:
+    """JupyterLab's configuration in a launcher: the container's address (every interface of its own
+    network namespace: the cluster network and loopback), the proxy's base URL, the whole container
+    browsable but opening in the tenant's home, terminals as an interactive (non-login) bash, and
+    `LAB_SETTING_OVERRIDES` (in ``run_dir``)."""
+    home = environ.get("HOME", "/")
+    return {
+        "ServerApp": {
+            "ip": "0.0.0.0",
+            "port": LAB_PORT,
+            "port_retries": 0,  # the server reaches it on this port or not at all
+            "open_browser": False,
+            "base_url": lab_base_url(environ.get("ELASTRAIN_CLUSTER", "")),
+            "root_dir": "/",
+            "allow_remote_access": True,  # the Host header is the server's proxy view of the container
+            # a login shell would read /etc/profile, which resets PATH (the venv's tools would be lost)
+            "terminado_settings": {"shell_command": [LAB_SHELL]},
+        },
+        "ContentsManager": {"preferred_dir": home.strip("/")},
+        # the containers are offline: no news feed, no update check, no extension installs from PyPI
+        "LabApp": {
+            "news_url": None,
+            "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
+            "extension_manager": "readonly",
+            "app_settings_dir": str(run_dir / "lab-settings"),  # its overrides.json
+        },
+    }
+
+
+def jupyterlab_service(environ: Mapping[str, str], run_dir: Path = RUN_DIR) -> Service | None:
+    """JupyterLab in a launcher container given a lab token; None in a worker, without a token (a server
+    that keeps none) or where the image has no JupyterLab (logged)."""
+    token = environ.get(LAB_TOKEN_ENV, "")
+    if environ.get("ELASTRAIN_CONTAINER_ROLE") != "launcher" or not token:
+        return None
+    if importlib.util.find_spec("jupyterlab") is None:
+        log.warning("no JupyterLab in this image: rebuild it (elastrain image build) to get one")
+        return None
+    config = run_dir / "jupyter_lab_config.json"  # --config loads the .py of the same name too
+
+    def prepare() -> None:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        config.write_text(json.dumps(lab_config(environ, run_dir), indent=1))
+        config.with_suffix(".py").write_text(LAB_PAGE_HOOK)
+        (run_dir / "lab-settings").mkdir(exist_ok=True)
+        (run_dir / "lab-settings" / "overrides.json").write_text(json.dumps(LAB_SETTING_OVERRIDES))
+
+    # the token goes by the environment (JUPYTER_TOKEN), never argv: `ps` shows argv to every user
+    env = {"JUPYTER_TOKEN": token, "SHELL": LAB_SHELL}
+    return Service("jupyterlab", [sys.executable, "-m", "jupyterlab", f"--config={config}"], prepare, env)
+
+
 def framework_services(framework: str, role: str, environ: Mapping[str, str]) -> list[Service]:
     """The services of `framework` for a container of `role` ("launcher"/"worker"); most have none."""
     if framework == "slurm":
@@ -167,8 +241,9 @@ class Supervisor:
 
 
 def container_services(environ: Mapping[str, str]) -> list[Service]:
-    """Every service this container runs: sshd (where possible) and its framework's."""
-    services = [s for s in [sshd_service(environ)] if s is not None]
+    """Every service this container runs: sshd (where possible), JupyterLab (a launcher) and its
+    framework's."""
+    services = [s for s in [sshd_service(environ), jupyterlab_service(environ)] if s is not None]
     framework = environ.get("ELASTRAIN_FRAMEWORK", "")
     role = environ.get("ELASTRAIN_CONTAINER_ROLE", "worker")
     if framework:

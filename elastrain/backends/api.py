@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elastrain.backends.usage import ContainerUsage
+
 
 @dataclass(frozen=True)
 class Mount:
@@ -161,6 +163,11 @@ class Backend(abc.ABC):
                 os.killpg(pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def usage(self, cluster: str, cluster_uid: str) -> dict[str, ContainerUsage]:
+        """CPU and memory figures of the cluster's live containers, by container name; a container
+        left out has none (the default: this backend reports none)."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the backend holds in this process (containers keep running)."""

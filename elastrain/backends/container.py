@@ -7,6 +7,7 @@ Per cluster: one bridge network (isolated from every other cluster's), and on th
     home/            the tenant's home, /home/<user> in every container of the cluster (owned by their uid)
     jobs/            /var/log/jobs in the launcher: logs and exit codes of the cluster's jobs
     secret           the cluster's node secret (ELASTRAIN_NODE_SECRET inside; 0600 here)
+    lab-token        the token of JupyterLab in the launcher (ELASTRAIN_LAB_TOKEN there; 0600 here)
     mounts.json      container path -> host path of the cluster's storage mounts
     hosts            /etc/hosts of every container (the running containers' addresses; kept current)
     nsswitch.conf    /etc/nsswitch.conf: names from /etc/hosts only, never DNS
@@ -28,7 +29,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, ImageEntry
-from elastrain.backends.container_files import cluster_secret, hosts_text, prepare_cluster_files
+from elastrain.backends.container_files import (
+    cluster_lab_token,
+    cluster_secret,
+    hosts_text,
+    prepare_cluster_files,
+)
 from elastrain.backends.container_images import image_entries, resolve_image
 from elastrain.backends.container_run import (
     API_SOCKET_DIR,
@@ -36,8 +42,10 @@ from elastrain.backends.container_run import (
     JOBS_DIR,
     MPI_DIR,
     ClusterFiles,
+    LabEndpoint,
     env_flags,
     gpu_args,
+    lab_endpoint_of,
     run_args,
     run_env,
     secret_env,
@@ -47,6 +55,7 @@ from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
 from elastrain.backends.podmanctl import exec_argv, podman, podman_json
 from elastrain.backends.procs import cmdline
+from elastrain.backends.usage import ContainerUsage, cgroup_usage
 from elastrain.hostfile import atomic_write_text
 from elastrain.httpunix import unix_url
 
@@ -159,13 +168,12 @@ class ContainerBackend(Backend):
                 self.relays.ensure(self.api_socket_dir(cluster_dir.name) / "api.sock")
 
     # --- lifecycle ---------------------------------------------------------------------------------
-    def _run_args(self, spec: ContainerSpec, secret: str) -> list[str]:
+    def _run_args(self, spec: ContainerSpec, secret: str, lab_token: str = "") -> list[str]:
         files = ClusterFiles(
             self.cluster_dir(spec.cluster), self.api_socket_dir(spec.cluster), self.network_name(spec.cluster)
         )
-        return run_args(
-            spec, secret, files, self.container_name(spec.name), self.server_key, self.gpu_device_dir
-        )
+        name = self.container_name(spec.name)
+        return run_args(spec, secret, files, name, self.server_key, self.gpu_device_dir, lab_token)
 
     def _gpu_args(self, spec: ContainerSpec) -> list[str]:
         return gpu_args(spec, self.gpu_device_dir)
@@ -178,8 +186,10 @@ class ContainerBackend(Backend):
         if current is not None:
             podman("rm", "--force", self.container_name(spec.name), check=False)
         secret = self._prepare_cluster(spec)
-        # the node secret is named in argv, its value in podman's environment (argv shows in `ps`)
-        podman(*self._run_args(spec, secret), timeout=180, env=secret_env(run_env(spec, secret)))
+        lab_token = cluster_lab_token(self.cluster_dir(spec.cluster)) if spec.role == "launcher" else ""
+        # the secrets are named in argv, their values in podman's environment (argv shows in `ps`)
+        env = secret_env(run_env(spec, secret, lab_token))
+        podman(*self._run_args(spec, secret, lab_token), timeout=180, env=env)
         self._refresh_hosts(spec.cluster)
         status = self._inspect(spec.name)
         return status or ContainerStatus(spec.cluster, spec.name, None, False, False, spec.address)
@@ -239,12 +249,26 @@ class ContainerBackend(Backend):
             reason,
         )
 
+    def usage(self, cluster: str, cluster_uid: str) -> dict[str, ContainerUsage]:
+        """Each running container's figures from its cgroup (the cgroup of its init process)."""
+        return {
+            status.name: cgroup_usage(status.pid)
+            for status in self.list_containers()
+            if status.cluster == cluster and status.alive and status.pid
+        }
+
     @staticmethod
     def _exit_reason(cid: str, code: object) -> str:
         tail = podman("logs", "--tail", str(_LOG_TAIL), cid, check=False)
         lines = [line for line in (tail.stdout + tail.stderr).splitlines() if line.strip()][-_LOG_TAIL:]
         last = " | ".join(lines) if lines else "(no output)"
         return f"the container exited with code {code}; last lines: {last}"
+
+    def lab_endpoint(self, cluster: str, name: str) -> LabEndpoint | None:
+        """Where the server reaches JupyterLab in launcher `name` of `cluster` (its address on the
+        cluster network, the token it was started with); None when it is not running or has none."""
+        done = podman("inspect", "--format", "json", self.container_name(name), check=False)
+        return lab_endpoint_of(done.stdout if done.returncode == 0 else "", self.network_name(cluster))
 
     # --- files, commands, logs ---------------------------------------------------------------------
     def write_cluster_file(self, cluster: str, path: str, text: str) -> None:

@@ -1,8 +1,8 @@
 """The container backend's files of a cluster on this machine (see `elastrain.backends.container`).
 
 Under ``<data-dir>/clusters/<cluster>/``: ``mpi/hostfile``, ``home/``, ``jobs/``, ``keys/``,
-``mounts.json``, ``hosts``, ``nsswitch.conf`` and ``secret``; this module lays them out (idempotent)
-and renders the cluster's ``/etc/hosts``.
+``mounts.json``, ``hosts``, ``nsswitch.conf``, ``secret`` and ``lab-token``; this module lays them out
+(idempotent) and renders the cluster's ``/etc/hosts``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from elastrain.backends.api import ContainerSpec
 from elastrain.backends.cluster_keys import ensure_cluster_keys
-from elastrain.backends.container_run import HOSTS_HEAD, NSSWITCH
+from elastrain.backends.container_run import HOSTS_HEAD, NSSWITCH, network_address
 from elastrain.backends.filemodes import private_dir, private_file, tenant_dir
 from elastrain.hostfile import atomic_write_text
 
@@ -46,23 +46,31 @@ def prepare_cluster_files(base: Path, spec: ContainerSpec) -> Path:
     return base
 
 
-def cluster_secret(base: Path) -> str:
-    """The cluster's node secret (made once, 0600)."""
-    secret_file = base / "secret"
-    if not secret_file.exists():
-        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def _kept_secret(path: Path) -> str:
+    """A random secret kept in `path` (made once, 0600)."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(24))
-    return secret_file.read_text().strip()
+    return path.read_text().strip()
+
+
+def cluster_secret(base: Path) -> str:
+    """The cluster's node secret (made once, 0600)."""
+    return _kept_secret(base / "secret")
+
+
+def cluster_lab_token(base: Path) -> str:
+    """The token of the cluster's JupyterLab (made once, 0600): its launcher gets it, the portal's
+    proxy adds it to every request; no browser and no other tenant ever sees it."""
+    return _kept_secret(base / "lab-token")
 
 
 def hosts_text(infos: Iterable[Mapping[str, Any]], network: str) -> str:
     """/etc/hosts naming every container of `infos` (``podman inspect`` rows) by its address on `network`."""
     lines = [HOSTS_HEAD]
     for info in infos:
-        address = (
-            ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}).get("IPAddress")
-        )
+        address = network_address(info, network)
         hostname = (info.get("Config") or {}).get("Hostname")
         if address and hostname:
             lines.append(f"{address}\t{hostname} {info.get('Name', '').lstrip('/')}\n")

@@ -6,17 +6,21 @@ What a container gets (see `elastrain.backends.container` for the lifecycle): th
 ``--memory``/``--cpus`` where given, the tenant's unprivileged uid with no capabilities, the cluster's
 ``/etc/mpi`` (read-only), ``/etc/hosts`` and ``/etc/nsswitch.conf`` (names from files only), the
 cluster's keys (read-only; sshd on port 22), the API socket directory, the tenant's home, its own GPU
-devices, and the node daemon as its program.
+devices, and the node daemon as its program; a launcher also gets the cluster's JupyterLab token
+(`LAB_TOKEN_ENV`: its node daemon starts JupyterLab on `LAB_PORT`, see `elastrain.agent.services`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from elastrain.agent.services import LAB_PORT, LAB_TOKEN_ENV
 from elastrain.backends.api import ContainerSpec
 from elastrain.backends.podmanctl import ulimit_args
 
@@ -63,6 +67,46 @@ class ClusterFiles:
     network: str
 
 
+@dataclass(frozen=True)
+class LabEndpoint:
+    """Where the server reaches the JupyterLab of a launcher: its address on the cluster network, the
+    port, and the cluster's token (the proxy adds it to every request)."""
+
+    host: str
+    port: int
+    token: str
+
+    @property
+    def origin(self) -> str:
+        """``http://host:port``."""
+        return f"http://{self.host}:{self.port}"
+
+
+def lab_endpoint_of(inspect_json: str, network: str) -> LabEndpoint | None:
+    """The `LabEndpoint` of a launcher from its ``podman inspect --format json`` output: None when it
+    is not running, has no address on `network` or was started without a lab token (a server that
+    kept none)."""
+    try:
+        rows = json.loads(inspect_json) if inspect_json.strip() else []
+    except ValueError:
+        return None
+    info = rows[0] if isinstance(rows, list) and rows and isinstance(rows[0], dict) else {}
+    state = info.get("State") or {}
+    env = (info.get("Config") or {}).get("Env") or []
+    token = next((e.split("=", 1)[1] for e in env if e.startswith(f"{LAB_TOKEN_ENV}=")), "")
+    address = network_address(info, network)
+    if not state.get("Running") or not token or not address:
+        return None
+    return LabEndpoint(address, LAB_PORT, token)
+
+
+def network_address(info: Mapping[str, Any], network: str) -> str | None:
+    """The IPv4 address of a container (a ``podman inspect`` row) on `network`, if it has one."""
+    networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+    address = (networks.get(network) or {}).get("IPAddress")
+    return str(address) if address else None
+
+
 def gpu_env(spec: ContainerSpec) -> dict[str, str]:
     """The GPU variables of a container: its own devices, numbered 0..n-1 inside."""
     host_ids = ",".join(str(g) for g in spec.gpu_ids)
@@ -98,8 +142,8 @@ def secret_env(env: Mapping[str, str]) -> dict[str, str]:
     return {key: value for key, value in env.items() if is_secret_env(key)}
 
 
-def run_env(spec: ContainerSpec, secret: str) -> dict[str, str]:
-    """The environment of a container's program (the node daemon)."""
+def run_env(spec: ContainerSpec, secret: str, lab_token: str = "") -> dict[str, str]:
+    """The environment of a container's program (the node daemon); `lab_token` goes to a launcher only."""
     user = spec.tenant or "elastrain"
     home = f"/home/{user}"
     env = {
@@ -119,6 +163,8 @@ def run_env(spec: ContainerSpec, secret: str) -> dict[str, str]:
     }
     if spec.framework == "slurm":  # the config every container renders (`elastrain.agent.slurm_conf`)
         env["SLURM_CONF"] = SLURM_CONF
+    if spec.role == "launcher" and lab_token:
+        env[LAB_TOKEN_ENV] = lab_token
     return env
 
 
@@ -129,13 +175,14 @@ def run_args(
     container_name: str,
     server_key: str,
     gpu_device_dir: Path,
+    lab_token: str = "",
 ) -> list[str]:
-    """The arguments of ``podman run`` for `spec` (the node daemon as its program). The node secret is
-    named, not given (``--env ELASTRAIN_NODE_SECRET``): run podman with ``secret_env(run_env(...))``
-    in its environment."""
+    """The arguments of ``podman run`` for `spec` (the node daemon as its program). The node secret and
+    the lab token are named, not given (``--env ELASTRAIN_NODE_SECRET``): run podman with
+    ``secret_env(run_env(...))`` in its environment."""
     user = spec.tenant or "elastrain"
     home = f"/home/{user}"
-    env = run_env(spec, secret)
+    env = run_env(spec, secret, lab_token)
     base = files.base
     args = [
         "run", "--detach", "--init",

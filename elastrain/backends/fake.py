@@ -29,6 +29,7 @@ from pathlib import Path
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus
 from elastrain.backends.local import CLUSTER_UID_ENV, CONTAINER_UID_ENV
 from elastrain.backends.procs import has_env, host_env, pids_with_env, start_in_session
+from elastrain.backends.usage import ContainerUsage, processes_usage
 from elastrain.hostfile import atomic_write_text
 
 _FIRST_PID = 100
@@ -170,6 +171,21 @@ class FakeBackend(Backend):
             container = self.containers.get((cluster, name))
             lines = list(container.log) if container is not None else []
         yield from lines
+
+    def usage(self, cluster: str, cluster_uid: str) -> dict[str, ContainerUsage]:
+        """A container here is a record, not a process: only the commands running in it have figures
+        (from /proc); without any, the container's figures are not available."""
+        with self._lock:
+            names = [name for (owner, name) in self.containers if owner == cluster]
+        found = {}
+        for name in names:
+            pids = pids_with_env(CONTAINER_UID_ENV, f"{cluster_uid}/{name}") if cluster_uid else []
+            found[name] = (
+                processes_usage(pids)
+                if pids
+                else ContainerUsage.unavailable("not available: the fake backend runs no container process")
+            )
+        return found
 
     def own_pid(self, spec: ContainerSpec, pid: int) -> int | None:
         """`pid` when it is a live process started in the container (its uid marker), else None."""

@@ -42,6 +42,7 @@ from elastrain.backends.procs import (
     terminate,
 )
 from elastrain.backends.shm import with_shm_limit
+from elastrain.backends.usage import ContainerUsage, processes_usage
 from elastrain.errors import ConfigError
 from elastrain.hostfile import atomic_write_text
 
@@ -298,6 +299,15 @@ class LocalBackend(Backend):
                 os.kill(member, signum)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def usage(self, cluster: str, cluster_uid: str) -> dict[str, ContainerUsage]:
+        """Each live container's processes (those carrying its uid marker), summed from /proc: a
+        process container has no cgroup of its own, so no memory limit is known."""
+        return {
+            status.name: processes_usage(pids_with_env(CONTAINER_UID_ENV, f"{cluster_uid}/{status.name}"))
+            for status in self.list_containers()
+            if status.cluster == cluster and status.alive and cluster_uid
+        }
 
     def logs(self, cluster: str, name: str) -> Iterator[str]:
         """Lines of the container's init log."""

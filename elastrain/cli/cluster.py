@@ -8,7 +8,8 @@ Every command reads ``ELASTRAIN_URL`` and ``ELASTRAIN_TOKEN`` (``--url``/``--tok
     export ELASTRAIN_URL=http://127.0.0.1:8080 ELASTRAIN_TOKEN=$(cat ~/.elastrain/admin-token)
     elastrain cluster create tthvd --framework horovod --containers 2 --gpus-per-container 1 \
         --shm 1Gi --mount ./examples:/examples --wait
-    elastrain cluster get tthvd                                   # -o json for scripts
+    elastrain cluster get tthvd                                   # -o json|yaml for scripts, -w to watch
+    elastrain cluster describe tthvd                              # spec, containers, hostfile, events, jobs
     elastrain cluster hostfile tthvd
     elastrain cluster exec tthvd -- elastrain run -np 1 --hostfile /etc/mpi/hostfile \
         python /examples/mnist_elastic.py
@@ -24,14 +25,24 @@ Every command reads ``ELASTRAIN_URL`` and ``ELASTRAIN_TOKEN`` (``--url``/``--tok
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elastrain.cli.table import format_table
+from elastrain.cli.output import OutputFormat, add_output_flag, print_data
+from elastrain.cli.progress import StatusLine
+from elastrain.cli.table import CLUSTER_HEADER, cluster_row, format_table
+from elastrain.cli.watch import (
+    DEFAULT_WAIT_S,
+    add_wait_flags,
+    add_watch_flags,
+    all_running,
+    check_timeout_flag,
+    wait_for_cluster,
+    watch_clusters,
+)
 from elastrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -125,18 +136,29 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
         help="elastic: most containers incl. the launcher (default: --containers)",
     )
     p.add_argument("--priority", type=int, default=0, help="higher is scheduled first and shrunk last")
-    p.add_argument("--wait", action="store_true", help="wait until every container is Running")
+    p.add_argument(
+        "--gpu-type",
+        metavar="MODEL",
+        help="only GPUs of this model, as the inventory names it (e.g. 'NVIDIA H200'; default: any)",
+    )
+    add_wait_flags(p, "wait until every container is Running (a live status line on stderr)")
     p = csub.add_parser("get", parents=[conn], help="show a cluster and its containers")
     p.add_argument("name")
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_output_flag(p)
+    add_watch_flags(p, "print a new row whenever the cluster changes, until Ctrl-C or --timeout")
     p = csub.add_parser("list", parents=[conn], help="list your clusters")
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_output_flag(p)
+    add_watch_flags(p, "print a new row whenever a cluster changes, until Ctrl-C or --timeout")
+    p = csub.add_parser(
+        "describe", parents=[conn], help="a cluster in detail: spec, containers, hostfile, events, jobs"
+    )
+    p.add_argument("name")
     p = csub.add_parser("hostfile", parents=[conn], help="print the cluster's hostfile")
     p.add_argument("name")
     p = csub.add_parser("scale", parents=[conn], help="change the number of containers (launcher included)")
     p.add_argument("name")
     p.add_argument("--containers", type=int, required=True)
-    p.add_argument("--wait", action="store_true", help="wait until the new size is Running")
+    add_wait_flags(p, "wait until the new size is Running (a live status line on stderr)")
     p = csub.add_parser("delete", parents=[conn], help="stop every process of the cluster and remove it")
     p.add_argument("name")
     p.add_argument("--no-wait", action="store_true", help="return without waiting for the removal")
@@ -184,6 +206,7 @@ def run_control_plane(args: argparse.Namespace) -> int:
         return run_job_command(args)
     from elastrain.client import Client
 
+    check_timeout_flag(args)
     with Client(args.url, args.token) as client:
         try:
             if args.cmd == "user":
@@ -222,9 +245,10 @@ def _create(client: Client, args: argparse.Namespace) -> int:
         min_containers=args.min_containers,
         max_containers=args.max_containers,
         priority=args.priority,
+        gpu_type=args.gpu_type,
     )
     if args.wait:
-        cluster = client.wait_cluster(args.name, _all_running, timeout=120)
+        cluster = _wait_running(client, args.name, args.timeout)
     workers = cluster.desired_containers - 1
     print(f"cluster {cluster.name} created: 1 launcher + {workers} worker(s), state {cluster.state}")
     from elastrain.examples import first_job_command  # the portal's job box holds the same command
@@ -234,18 +258,21 @@ def _create(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def _all_running(cluster: ClusterInfo) -> bool:
-    return (
-        cluster.state == "Running"
-        and len(cluster.running()) == cluster.desired_containers
-        and all(c.state == "Running" for c in cluster.containers)
-    )
+def _wait_running(client: Client, name: str, timeout: float | None) -> ClusterInfo:
+    """Wait for every container with a live status line on stderr; `TimedOut` after `timeout`."""
+    status = StatusLine()
+    try:
+        return wait_for_cluster(client, name, timeout or DEFAULT_WAIT_S, status, all_running)
+    finally:
+        status.close()
 
 
 def _get(client: Client, args: argparse.Namespace) -> int:
+    if args.watch:
+        return watch_clusters(client, args.name, OutputFormat(args.output), args.timeout)
     cluster = client.get_cluster(args.name)
-    if args.output == "json":
-        print(json.dumps(cluster.summary(), indent=2))
+    if args.output != OutputFormat.TABLE.value:
+        print_data(cluster.summary(), args.output)
         return 0
     print(
         f"cluster {cluster.name}: {cluster.framework}, {cluster.state}"
@@ -272,22 +299,21 @@ def _get(client: Client, args: argparse.Namespace) -> int:
 
 
 def _list(client: Client, args: argparse.Namespace) -> int:
+    if args.watch:
+        return watch_clusters(client, None, OutputFormat(args.output), args.timeout)
     clusters = client.list_clusters()
-    if args.output == "json":
-        print(json.dumps([c.summary() for c in clusters], indent=2))
+    if args.output != OutputFormat.TABLE.value:
+        print_data([c.summary() for c in clusters], args.output)
         return 0
-    rows = [["NAME", "FRAMEWORK", "STATE", "CONTAINERS", "GENERATION"]]
-    for c in clusters:
-        rows.append(
-            [
-                c.name,
-                c.framework,
-                c.state,
-                f"{len(c.running())}/{c.desired_containers}",
-                str(c.hostfile_generation),
-            ]
-        )
+    rows = [CLUSTER_HEADER, *(cluster_row(c) for c in clusters)]
     print(format_table(rows) if clusters else "no clusters")
+    return 0
+
+
+def _describe(client: Client, args: argparse.Namespace) -> int:
+    from elastrain.cli.describe import describe_cluster
+
+    print(describe_cluster(client, args.name))
     return 0
 
 
@@ -299,7 +325,7 @@ def _hostfile(client: Client, args: argparse.Namespace) -> int:
 def _scale(client: Client, args: argparse.Namespace) -> int:
     cluster = client.scale_cluster(args.name, args.containers)
     if args.wait:
-        cluster = client.wait_cluster(args.name, _all_running, timeout=120)
+        cluster = _wait_running(client, args.name, args.timeout)
     print(f"cluster {cluster.name}: {cluster.desired_containers} containers desired, state {cluster.state}")
     return 0
 
@@ -344,6 +370,7 @@ _CLUSTER_ACTIONS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "create": _create,
     "get": _get,
     "list": _list,
+    "describe": _describe,
     "hostfile": _hostfile,
     "scale": _scale,
     "delete": _delete,

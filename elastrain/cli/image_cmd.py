@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from elastrain.cli.output import OutputFormat, add_output_flag, print_data
+from elastrain.cli.progress import StatusLine, Ticker, TimedOut, raise_after, timeout_seconds
 from elastrain.cli.table import format_table
 from elastrain.errors import ConfigError
 
@@ -20,8 +22,14 @@ def add_image_parser(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--framework", default="pytorch", help="the framework the image holds (default pytorch)")
     b.add_argument("--json", type=Path, metavar="PATH", help="write the build result as JSON here")
+    b.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        metavar="SECONDS",
+        help="stop the build after SECONDS (exit 1; finished layers stay cached for the next build)",
+    )
     ls = isub.add_parser("list", help="the elastrain images podman holds")
-    ls.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_output_flag(ls)
 
 
 def human_size(n: int) -> str:
@@ -34,12 +42,45 @@ def human_size(n: int) -> str:
     return f"{size:.3g} TB"
 
 
+class BuildStatus:
+    """`build_image`'s progress for the CLI: each finished step a line on stdout, the running step on
+    the live status line (stderr)."""
+
+    def __init__(self, framework: str, status: StatusLine) -> None:
+        self.framework, self.status = framework, status
+        self.stage = "preparing (source hashes, the build lock)"
+        self.status.update(f"image {framework}: {self.stage}")
+
+    def __call__(self, line: str) -> None:
+        self.status.message(line)
+
+    def stage_started(self, what: str) -> None:
+        """A build step begins: it becomes the status line."""
+        self.stage = what
+        self.status.update(f"image {self.framework}: {what}")
+
+
 def _build(args: argparse.Namespace) -> int:
     from elastrain.images.build import build_image
-    from elastrain.images.recipe import recipe_for
+    from elastrain.images.recipe import cache_dir, recipe_for
 
-    print(f"image: building {recipe_for(args.framework).repo} ({args.framework})")
-    result = build_image(args.framework, progress=print)
+    print(f"image: building {recipe_for(args.framework).repo} ({args.framework})", flush=True)
+    status = StatusLine()
+    progress = BuildStatus(args.framework, status)
+    logs = cache_dir() / "logs"
+
+    def timed_out() -> TimedOut:
+        return TimedOut(
+            f"image build timed out after {args.timeout:g}s in step '{progress.stage}' "
+            f"(stopped; the finished layers stay cached): run `elastrain image build --framework "
+            f"{args.framework}` again to go on; the steps' logs are in {logs}"
+        )
+
+    try:
+        with Ticker(status), raise_after(args.timeout, timed_out):
+            result = build_image(args.framework, progress=progress)
+    finally:
+        status.close(keep=False)
     if result.cached:
         print(f"image {result.name} is up to date (cached)")
     else:
@@ -57,9 +98,8 @@ def _list(args: argparse.Namespace) -> int:
     from elastrain.images.catalog import list_images
 
     images = list_images()
-    if args.output == "json":
-        rows = [{**asdict(i), "frameworks": list(i.frameworks)} for i in images]
-        print(json.dumps(rows, indent=2))
+    if args.output != OutputFormat.TABLE.value:
+        print_data([{**asdict(i), "frameworks": list(i.frameworks)} for i in images], args.output)
         return 0
     table = [["NAME", "FRAMEWORKS", "SIZE", "CREATED"]]
     table += [[i.name, ",".join(i.frameworks), human_size(i.size_bytes), i.created] for i in images]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from elastrain.cli.output import OutputFormat, add_output_flag, print_data
 from elastrain.cli.table import format_table
 from elastrain.errors import ConfigError
 
@@ -20,19 +20,24 @@ def add_job_parser(sub: argparse._SubParsersAction, conn: argparse.ArgumentParse
     p = jsub.add_parser("submit", parents=[conn], help="run a command detached in the launcher container")
     p.add_argument("cluster")
     p.add_argument("-f", "--follow", action="store_true", help="stream the log until the job ends")
+    p.add_argument(
+        "--tensorboard-dir",
+        metavar="DIR",
+        help="write TensorBoard scalars under DIR in the launcher container (an absolute path)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     p = jsub.add_parser("list", parents=[conn], help="list your jobs")
     p.add_argument("--cluster", help="only this cluster's jobs")
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_output_flag(p)
     p = jsub.add_parser("get", parents=[conn], help="show a job's status and progress")
     p.add_argument("job_id", type=int)
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_output_flag(p)
     p = jsub.add_parser("logs", parents=[conn], help="print a job's output")
     p.add_argument("job_id", type=int)
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the job ends")
     p = jsub.add_parser("events", parents=[conn], help="a job's events: incidents (generation changes) too")
     p.add_argument("job_id", type=int)
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_output_flag(p)
     p = jsub.add_parser("cancel", parents=[conn], help="stop a running job")
     p.add_argument("job_id", type=int)
 
@@ -47,8 +52,8 @@ def _progress(job: dict[str, Any]) -> str:
 
 
 def _print_events(events: list[dict[str, Any]], output: str) -> int:
-    if output == "json":
-        print(json.dumps(events, indent=2))
+    if output != OutputFormat.TABLE.value:
+        print_data(events, output)
         return 0
     for event in events:
         d = event["detail"]
@@ -84,7 +89,8 @@ def run_job_command(args: argparse.Namespace) -> int:
             command = args.command[1:] if args.command[:1] == ["--"] else args.command
             if not command:
                 raise ConfigError("no command given; e.g. elastrain job submit tthvd -- python train.py")
-            job = client.submit_job(args.cluster, command)
+            extra = {"tensorboard_dir": args.tensorboard_dir} if args.tensorboard_dir else {}
+            job = client.submit_job(args.cluster, command, **extra)
             print(f"job {job['id']} submitted to {job['cluster']}", file=sys.stderr)
             print(job["id"])
             return _follow(client, job["id"]) if args.follow else 0
@@ -101,8 +107,8 @@ def run_job_command(args: argparse.Namespace) -> int:
             print(f"job {job['id']}: {job['status']}")
             return 0
         jobs = [client.get_job(args.job_id)] if args.action == "get" else client.list_jobs(args.cluster)
-        if args.output == "json":
-            print(json.dumps(jobs[0] if args.action == "get" else jobs, indent=2))
+        if args.output != OutputFormat.TABLE.value:
+            print_data(jobs[0] if args.action == "get" else jobs, args.output)
             return 0
         rows = [["ID", "CLUSTER", "STATUS", "EXIT", "PROGRESS", "COMMAND"]]
         for job in jobs:

@@ -1,5 +1,6 @@
 """`elastrain`: run, agent, hosts, demo. Bad input is one line on stderr and exit code 2; a request the
-server refuses for several fields adds one indented line per field."""
+server refuses for several fields adds one indented line per field; work that runs past its
+``--timeout`` is one line too (what is still pending, how to check it) and exit code 1."""
 
 from __future__ import annotations
 
@@ -117,8 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         **control_plane_handlers(),
     }
     handlers["simulate"] = cmd_simulate
+    from elastrain.cli.progress import TimedOut
+
     try:
         return handlers[args.cmd](args)
+    except TimedOut as exc:  # not bad input: the work goes on (or can be resumed) without us
+        print(f"elastrain {args.cmd}: error: {exc}", file=sys.stderr)
+        return 1
     except ElastrainError as exc:
         for line in _error_lines(exc):  # a request refused for several fields: one line each
             print(f"elastrain {args.cmd}: error: {line}" if line[:1] != " " else line, file=sys.stderr)

@@ -126,6 +126,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="replace a launcher that died: adopt its running agents and workers (same --coordinator-port "
         "and ELASTRAIN_JOB_TOKEN as the first launcher)",
     )
+    p.add_argument(
+        "--tensorboard-dir",
+        type=Path,
+        metavar="DIR",
+        help="write TensorBoard scalars (loss, samples/s, world size, pause per resize, steps lost) under "
+        "DIR (default: $ELASTRAIN_TENSORBOARD_DIR, the job's tensorboard_dir)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log the coordinator's decisions")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
     return p
@@ -162,12 +169,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     from elastrain.launcher.hosts import SlurmHosts, make_host_source
     from elastrain.launcher.mode import uses_elastrain
     from elastrain.launcher.run import LaunchConfig, Launcher, check_command, check_sizes
+    from elastrain.launcher.tensorboard import TENSORBOARD_DIR_ENV, check_tensorboard_dir
 
     torchrun_flags(args)  # flag mistakes first: they need no file system
     check_sizes(args.np, args.min_np, args.max_np)
+    tensorboard_flag = "--tensorboard-dir"
+    if args.tensorboard_dir is None and os.environ.get(TENSORBOARD_DIR_ENV):
+        args.tensorboard_dir = Path(os.environ[TENSORBOARD_DIR_ENV])
+        tensorboard_flag = f"the job's tensorboard_dir ({TENSORBOARD_DIR_ENV})"
     in_container(args)
     command = training_command(args)
     check_command(command)
+    tensorboard_dir = None
+    if args.tensorboard_dir is not None:
+        tensorboard_dir = check_tensorboard_dir(args.tensorboard_dir, tensorboard_flag)
     if args.max_restarts < 0:
         raise ElastrainError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if not 0 <= args.coordinator_port < 65535:
@@ -219,6 +234,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         restart_mode=args.mode == "restart" or (args.mode == "auto" and not uses_elastrain(command)),
         env=env,
         rejoin=args.rejoin,
+        tensorboard_dir=tensorboard_dir,
     )
     typed = sys.argv[1:] if sys.argv[1:2] == ["run"] else ["run", *command]
     job = attach(["elastrain", *typed])
@@ -244,7 +260,7 @@ def in_container(args: argparse.Namespace) -> None:
     for name in ("hostfile", "host_discovery_script"):
         if getattr(args, name):
             setattr(args, name, container_path(getattr(args, name)))
-    for name in ("ledger", "checkpoint_dir"):
+    for name in ("ledger", "checkpoint_dir", "tensorboard_dir"):
         if getattr(args, name) is not None:
             setattr(args, name, Path(container_path(str(getattr(args, name)))))
     if isinstance(args.resume, str) and args.resume.startswith("/"):

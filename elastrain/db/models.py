@@ -271,6 +271,7 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     report_token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)  # migration 0002
     log_path: Mapped[str] = mapped_column(Text, default="")  # migration 0002
+    tensorboard_dir: Mapped[str | None] = mapped_column(Text, nullable=True)  # migration 0007
 
 
 class JobMetric(Base):
@@ -285,6 +286,7 @@ class JobMetric(Base):
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     samples_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     world_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    scalars: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON {name: value}; migration 0007
 
 
 class Event(Base):

@@ -43,6 +43,8 @@ from elastrain.images.recipe import (
     requirements,
 )
 
+# Called with one line per finished step; a callable that also has a ``stage_started(what)`` method
+# (the CLI's live status line) hears each step when it starts, too.
 Progress = Callable[[str], None]
 
 
@@ -71,6 +73,9 @@ def image_labels_and_size(ref: str) -> tuple[dict[str, str], int]:
 
 @contextmanager
 def _step(progress: Progress, what: str) -> Iterator[None]:
+    stage_started = getattr(progress, "stage_started", None)
+    if stage_started is not None:
+        stage_started(what)
     start = time.monotonic()
     yield
     progress(f"  {what} ({time.monotonic() - start:.1f} s)")

@@ -76,8 +76,9 @@ class FrameworkRecipe:
     layer_build_env: tuple[tuple[str, str], ...] = ()  # environment of the layer's ``pip wheel``
 
 
-# the elastrain extras every image's base venv holds (server: the client commands in the terminal)
-BASE_EXTRAS: tuple[str, ...] = ("examples", "server")
+# the elastrain extras every image's base venv holds (server: the client commands in the terminal;
+# notebook: JupyterLab, which a launcher runs; tensorboard: `elastrain run --tensorboard-dir`)
+BASE_EXTRAS: tuple[str, ...] = ("examples", "server", "notebook", "tensorboard")
 
 RECIPES: dict[str, FrameworkRecipe] = {
     "pytorch": FrameworkRecipe("pytorch", "localhost/elastrain-pytorch", ("pytorch",)),

@@ -4,7 +4,8 @@ Decided from the command's source, without importing or running anything. ``pyth
 ``python -m module`` (found as Python would, from here) and ``python -c CODE``: native when that
 source imports elastrain (``import elastrain``, ``from elastrain... import``) or Horovod's API
 (``import horovod.torch as hvd``), restart mode when not (``elastrain.frameworks``, the helpers for
-restart-mode scripts, does not count).
+restart-mode scripts, and the reporting call alone, ``from elastrain import report`` or
+``elastrain.reporting``, do not count).
 Another program: its first existing ``.py`` argument decides (``deepspeed train.py``); without one, a
 binary program (``echo``, ``bash -c ...``) is restart mode and a text one (a wrapper script) native.
 When the source cannot be found (a wrapper, ``python -m`` of a module not found here, ``python -``)
@@ -21,9 +22,12 @@ import sys
 from pathlib import Path
 
 # elastrain, or Horovod's API (in elastrain's images `horovod` is elastrain's implementation of it)
-_ELASTRAIN = r"(?:elastrain(?!\.frameworks\b)|horovod)"  # elastrain.frameworks: restart-mode helpers
+# elastrain.frameworks: restart-mode helpers; elastrain.reporting: `report()`, usable from any script
+_ELASTRAIN = r"(?:elastrain(?!\.frameworks\b|\.reporting\b)|horovod)"
+# not `from elastrain import report` (alone, `as` a name or not)
+_ONLY_REPORT = r"(?![ \t]+import[ \t]+report[ \t]*(?:as[ \t]+\w+[ \t]*)?(?:$|[;#]))"
 _IMPORTS_ELASTRAIN = re.compile(
-    rf"(?:^|;)[ \t]*(?:from[ \t]+{_ELASTRAIN}[\s.]"  # from elastrain(.y) import x
+    rf"(?:^|;)[ \t]*(?:from[ \t]+{_ELASTRAIN}{_ONLY_REPORT}[\s.]"  # from elastrain(.y) import x
     rf"|import[ \t]+(?:[\w.]+[ \t]*(?:as[ \t]+\w+)?[ \t]*,[ \t]*)*{_ELASTRAIN}\b)",  # import a, elastrain
     re.M,
 )

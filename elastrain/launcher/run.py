@@ -19,16 +19,22 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastrain.agent.restart import FAILED_AFTER
 from elastrain.contracts.env import WorkerEnv
 from elastrain.errors import ConfigError
 from elastrain.launcher.agents import AgentStarter, LocalAgentStarter
 from elastrain.launcher.hosts import HostSource
+from elastrain.launcher.observer import GenerationObserver
 from elastrain.launcher.store import start_store
 from elastrain.rendezvous.coordinator import Coordinator
 from elastrain.rendezvous.records import CoordinatorConfig
-from elastrain.runtime.progress import IncidentReporter
+from elastrain.runtime.progress import METRICS_URL_ENV, IncidentReporter
+
+if TYPE_CHECKING:
+    from elastrain.launcher.metrics_relay import MetricsRelay
+    from elastrain.launcher.tensorboard import TensorBoardWriter
 
 log = logging.getLogger("elastrain.run")
 
@@ -54,6 +60,7 @@ class LaunchConfig:
     rejoin: bool = False
     watch_interval_s: float = 0.2
     env: dict[str, str] = field(default_factory=dict)
+    tensorboard_dir: Path | None = None  # checked (`launcher.tensorboard.check_tensorboard_dir`)
 
 
 def check_command(command: list[str]) -> None:
@@ -109,6 +116,7 @@ class Launcher:
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
         self.coordinator: Coordinator | None = None
+        self.relay: MetricsRelay | None = None  # with --tensorboard-dir: the workers' metrics reach it
         self._coordinator_log_level = logging.getLogger("elastrain.coordinator").level
 
     def _agent_args(self, host: str) -> list[str]:
@@ -135,6 +143,8 @@ class Launcher:
         env.setdefault(WorkerEnv.COLLECTIVE_TIMEOUT, str(self.config.heartbeat_timeout_s))
         if self.config.ledger_dir is not None:
             env[WorkerEnv.LEDGER_DIR] = str(self.config.ledger_dir)
+        if self.relay is not None:
+            env[METRICS_URL_ENV] = self.relay.url
         proc = self.starter.start(host, self._agent_args(host), env)
         if proc is not None:
             self.agents[host] = proc
@@ -180,8 +190,16 @@ class Launcher:
             )
         except OSError as exc:
             raise ConfigError(self._cannot_listen(self.config.coordinator_port, exc)) from None
-        reporter = IncidentReporter(self.config.env | dict(os.environ))
-        self.coordinator.on_incident = reporter.report if reporter.enabled else None
+        environ = self.config.env | dict(os.environ)
+        reporter = IncidentReporter(environ)
+        native = not self.config.restart_mode
+        self.coordinator.on_incident = reporter.report if reporter.enabled and native else None
+        try:
+            writer = self._tensorboard()
+        except OSError as exc:
+            self.coordinator.close()
+            raise ConfigError(self._cannot_listen(0, exc)) from None
+        observer = GenerationObserver(self.coordinator.incidents, native, writer, environ, reporter)
         log.info("coordinator at %s; %d..%d workers, starting %d", self.coordinator.address, lo, hi, initial)
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for sig in previous:
@@ -195,6 +213,7 @@ class Launcher:
             self.coordinator.set_hosts(hosts)
             watcher.start()
             while not self.coordinator.finished.wait(0.2):
+                observer.poll()
                 if self._stop.is_set():
                     self.coordinator.abort("interrupted")
                     return 130
@@ -203,11 +222,41 @@ class Launcher:
             self._stop.set()
             self._reap_agents()
             self.coordinator.close()
+            observer.poll()
+            self._close_tensorboard(writer)
+            if not observer.flush(10.0):
+                log.warning("the world size could not be sent to the control plane at %s", reporter.endpoint)
             logging.getLogger("elastrain.coordinator").setLevel(self._coordinator_log_level)
             if reporter.enabled and not reporter.flush(10.0):
                 log.warning("some incidents could not be sent to the control plane at %s", reporter.endpoint)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _tensorboard(self) -> TensorBoardWriter | None:
+        """With --tensorboard-dir: the writer (imports torch.utils.tensorboard) and the relay the
+        workers send their metrics to (before any agent starts: they pass its URL on)."""
+        if self.config.tensorboard_dir is None:
+            return None
+        from elastrain.launcher.metrics_relay import MetricsRelay
+        from elastrain.launcher.tensorboard import TensorBoardWriter
+
+        writer = TensorBoardWriter(self.config.tensorboard_dir)
+
+        def record(points: list[dict[str, object]]) -> None:
+            for point in points:
+                at = point.get("at")  # when `elastrain.report` was called (a batch arrives later)
+                writer.progress(point, walltime=at if isinstance(at, float) else None)
+
+        self.relay = MetricsRelay(self.config.coordinator_host, self.token, record)
+        log.info("TensorBoard scalars go to %s", self.config.tensorboard_dir)
+        return writer
+
+    def _close_tensorboard(self, writer: TensorBoardWriter | None) -> None:
+        if self.relay is not None:
+            self.relay.close()  # the last reports in flight are answered (and written) first
+            self.relay = None
+        if writer is not None:
+            writer.close()
 
     def _check_can_listen(self, port: int) -> None:
         """Refuse an address that is not this machine's, or a port in use, before anything starts

@@ -15,12 +15,14 @@ if TYPE_CHECKING:
 
 def mount_portal(app: FastAPI, api: bool = True) -> None:
     """Serve the portal at ``/`` (pages and static files); with `api` also the browser-only API routes
-    (the job metrics history and the launcher-terminal WebSocket), which find the server's services on
-    ``app.state`` (`elastrain.server.deps`)."""
+    (the job metrics history and the launcher-terminal WebSocket) and the launcher's JupyterLab behind
+    ``/clusters/{name}/lab/``, which find the server's services on ``app.state`` (`elastrain.server.deps`)."""
     from elastrain.portal.pages import add_pages
 
     add_pages(app)
     if api:
         from elastrain.portal.api import add_portal_api
+        from elastrain.portal.lab_proxy import add_lab_proxy
 
         add_portal_api(app)
+        add_lab_proxy(app)

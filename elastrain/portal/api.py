@@ -12,7 +12,7 @@ import pathlib
 from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, Query, WebSocket, WebSocketDisconnect
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from elastrain.db.models import ContainerState, JobMetric, User
@@ -38,6 +38,9 @@ class MetricOut(BaseModel):
     loss: float | None
     samples_per_s: float | None
     world_size: int | None
+    scalars: dict[str, float] | None = Field(
+        default=None, description="the other figures of this report (`elastrain.report`), by name"
+    )
 
 
 def terminal_target(services: Services, user: User, name: str) -> TerminalTarget:
@@ -106,6 +109,7 @@ def add_portal_api(app: FastAPI) -> None:
                     loss=m.loss,
                     samples_per_s=m.samples_per_s,
                     world_size=m.world_size,
+                    scalars=json.loads(m.scalars) if m.scalars else None,
                 )
                 for m in rows
             ]

@@ -150,6 +150,11 @@ def init(context: LaunchContext | None = None) -> Runtime:
         return _RUNTIME
 
 
+def current_runtime() -> Runtime | None:
+    """The process's runtime if it has one already (never initialises it)."""
+    return _RUNTIME
+
+
 def get_runtime() -> Runtime:
     """The process's runtime (initialising it on first use)."""
     return _RUNTIME if _RUNTIME is not None else init()

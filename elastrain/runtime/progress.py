@@ -1,7 +1,9 @@
 """Progress reports from a running job to the control plane (rank 0, at most once a second).
 
 Enabled when the job was started by the control plane (`elastrain job submit` sets
-ELASTRAIN_REPORT_URL, ELASTRAIN_JOB_ID and ELASTRAIN_REPORT_TOKEN: `elastrain.contracts.env.ReportEnv`).
+ELASTRAIN_REPORT_URL, ELASTRAIN_JOB_ID and ELASTRAIN_REPORT_TOKEN: `elastrain.contracts.env.ReportEnv`),
+or when ``elastrain run --tensorboard-dir`` relays them to its TensorBoard writer (it sets
+``ELASTRAIN_METRICS_URL``, see `elastrain.launcher.metrics_relay`; the job token authenticates).
 The payloads are `elastrain.contracts.report`'s. The HTTP post happens on a
 background thread that always sends the latest values, so a slow server never slows training.
 """
@@ -26,6 +28,15 @@ from elastrain.httpunix import urlopen
 if TYPE_CHECKING:
     from elastrain.runtime.checkpoint import Manifest
 
+METRICS_URL_ENV = "ELASTRAIN_METRICS_URL"  # the launcher's metrics relay (``--tensorboard-dir``)
+RELAY_PATH = "/points"  # POST {"points": [progress body, ...]} there, header X-Job-Token
+
+
+def relay_endpoint(env: Mapping[str, str]) -> tuple[str, str]:
+    """``(URL of the launcher's metrics relay, job token)``; the URL is empty when there is none."""
+    url, token = env.get(METRICS_URL_ENV, ""), env.get(WorkerEnv.JOB_TOKEN, "")
+    return (url.rstrip("/") + RELAY_PATH, token) if url and token else ("", "")
+
 
 def _job_endpoint(env: Mapping[str, str], resource: str) -> tuple[str, str]:
     """``(URL of the job's `resource`, report token)``; the URL is empty outside a control-plane job."""
@@ -33,7 +44,7 @@ def _job_endpoint(env: Mapping[str, str], resource: str) -> tuple[str, str]:
     return report.endpoint(resource), report.token
 
 
-def _post(endpoint: str, token: str, body: dict[str, Any]) -> int:
+def post_json(endpoint: str, token: str, body: dict[str, Any], timeout_s: float = 5.0) -> int:
     """POST `body` as JSON; the HTTP status, or 0 when the server cannot be reached."""
     request = urllib.request.Request(
         endpoint,
@@ -42,7 +53,7 @@ def _post(endpoint: str, token: str, body: dict[str, Any]) -> int:
         headers={"Content-Type": "application/json", "X-Job-Token": token},
     )
     try:
-        with urlopen(request, timeout=5) as response:
+        with urlopen(request, timeout=timeout_s) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -50,23 +61,28 @@ def _post(endpoint: str, token: str, body: dict[str, Any]) -> int:
         return 0
 
 
+_post = post_json  # its name before it was public (tests post through it)
+
+
 class ProgressReporter:
     """Rate-limited, non-blocking reporter of step, epoch, loss, samples/s, world size and hosts."""
 
     def __init__(self, environ: dict[str, str] | None = None, interval_s: float = 1.0) -> None:
-        self.endpoint, self._token = _job_endpoint(os.environ if environ is None else environ, "progress")
+        env = os.environ if environ is None else environ
+        self.endpoint, self._token = _job_endpoint(env, "progress")
+        self.relay, self._relay_token = relay_endpoint(env)
         self.interval_s = interval_s
         self._last_time = time.monotonic()
         self._last_samples = 0
         self._latest: dict[str, Any] | None = None
         self._wake = threading.Event()
-        if self.endpoint:
+        if self.enabled:
             threading.Thread(target=self._send_loop, name="elastrain-progress", daemon=True).start()
 
     @property
     def enabled(self) -> bool:
-        """True inside a control-plane job."""
-        return bool(self.endpoint)
+        """True inside a control-plane job, or with the launcher's metrics relay."""
+        return bool(self.endpoint or self.relay)
 
     def due(self) -> bool:
         """Is a report due now? (cheap: call it every step)"""
@@ -97,7 +113,8 @@ class ProgressReporter:
         report = CheckpointReport(
             shown, manifest.step, manifest.epoch, manifest.world_size, manifest.size, round(write_s, 4)
         )
-        _post(self.endpoint, self._token, report.to_wire())
+        if self.endpoint:
+            post_json(self.endpoint, self._token, report.to_wire())
 
     def _send_loop(self) -> None:
         while True:
@@ -106,35 +123,39 @@ class ProgressReporter:
             body, self._latest = self._latest, None
             if body is None:
                 continue
-            _post(self.endpoint, self._token, body)  # on failure the next report carries the latest values
+            # on failure the next report carries the latest values
+            if self.endpoint:
+                post_json(self.endpoint, self._token, body)
+            if self.relay:
+                post_json(self.relay, self._relay_token, {"points": [body]})
 
 
-class IncidentReporter:
-    """Sends every generation change of a control-plane job to the server, in order, none dropped.
+class OrderedPoster:
+    """Sends bodies to one resource of a control-plane job, in order, none dropped.
 
-    The launcher queues each incident once its first step is done; a background thread posts them to
-    ``/api/v1/jobs/{id}/incidents`` and retries while the server is unreachable (it may be restarting).
+    `report` queues a body (non-blocking); a background thread posts them to
+    ``/api/v1/jobs/{id}/{resource}`` and retries while the server is unreachable (it may be restarting).
     """
 
-    def __init__(self, environ: Mapping[str, str] | None = None, retry_s: float = 1.0) -> None:
-        self.endpoint, self._token = _job_endpoint(os.environ if environ is None else environ, "incidents")
+    def __init__(self, resource: str, environ: Mapping[str, str] | None = None, retry_s: float = 1.0) -> None:
+        self.endpoint, self._token = _job_endpoint(os.environ if environ is None else environ, resource)
         self.retry_s = retry_s
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
         if self.endpoint:
-            threading.Thread(target=self._send_loop, name="elastrain-incidents", daemon=True).start()
+            threading.Thread(target=self._send_loop, name=f"elastrain-{resource}", daemon=True).start()
 
     @property
     def enabled(self) -> bool:
         """True inside a control-plane job."""
         return bool(self.endpoint)
 
-    def report(self, incident: dict[str, Any]) -> None:
-        """Queue one incident (non-blocking)."""
+    def report(self, body: dict[str, Any]) -> None:
+        """Queue one body (non-blocking)."""
         if self.enabled:
-            self._queue.put(dict(incident))
+            self._queue.put(dict(body))
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s` for every queued incident to be delivered; True when they were."""
+        """Wait up to `timeout_s` for every queued body to be delivered; True when they were."""
         deadline = time.monotonic() + timeout_s
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -142,8 +163,19 @@ class IncidentReporter:
 
     def _send_loop(self) -> None:
         while True:
-            incident = self._queue.get()
+            body = self._queue.get()
             # 0: unreachable, 5xx: the server is in trouble -> retry; 2xx done; other 4xx will never work
-            while (status := _post(self.endpoint, self._token, incident)) == 0 or status >= 500:
+            while (status := post_json(self.endpoint, self._token, body)) == 0 or status >= 500:
                 time.sleep(self.retry_s)
             self._queue.task_done()
+
+
+class IncidentReporter(OrderedPoster):
+    """Sends every generation change of a control-plane job to the server, in order, none dropped.
+
+    The launcher queues each incident once its first step is done (restart mode: once it formed); a
+    background thread posts them to ``/api/v1/jobs/{id}/incidents``, retrying while the server is away.
+    """
+
+    def __init__(self, environ: Mapping[str, str] | None = None, retry_s: float = 1.0) -> None:
+        super().__init__("incidents", environ, retry_s)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from elastrain.cli.progress import StatusLine, TimedOut, format_elapsed, raise_after, timeout_seconds
 from elastrain.errors import ConfigError
+from elastrain.scheduler.api import ClusterState, Decision, Policy
 
 
 def add_simulate_command(sub: argparse._SubParsersAction) -> None:
@@ -69,38 +71,87 @@ def add_simulate_command(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--interval", type=float, default=60.0, help="rescheduling grid for wakeups, seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        metavar="SECONDS",
+        help="stop after SECONDS of wall time (exit 1, nothing printed or written)",
+    )
 
 
 class ProgressBar:
-    """A one-line text progress bar on a stream, redrawn at most every 0.2 s."""
+    """One simulation's progress on the CLI's status line (stderr): a bar, the jobs done and, when
+    `sim_clock` gives it, the simulated time. Redrawn in place (at most every 0.2 s) on a terminal;
+    elsewhere a plain line per tenth of the jobs. `quiet`: count, draw nothing (``--no-progress``)."""
 
-    def __init__(self, label: str, stream: TextIO | None = None, width: int = 30) -> None:
-        # sys.stderr looked up now, not when the module was imported (tests swap it)
-        self.label, self.stream, self.width = label, stream or sys.stderr, width
+    def __init__(
+        self,
+        label: str,
+        stream: TextIO | None = None,
+        width: int = 30,
+        *,
+        sim_clock: Callable[[], float] | None = None,
+        quiet: bool = False,
+    ) -> None:
+        self.label, self.width, self.sim_clock, self.quiet = label, width, sim_clock, quiet
+        self.status = StatusLine(stream)
+        self.done = self.total = 0
         self._last = 0.0
 
     def __call__(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
         now = time.monotonic()
-        if done < total and now - self._last < 0.2:
+        if self.quiet or (done < total and now - self._last < 0.2):
             return
         self._last = now
         frac = done / total if total else 1.0
         fill = int(frac * self.width)
         bar = "#" * fill + "." * (self.width - fill)
-        self.stream.write(f"\r{self.label:<10} [{bar}] {frac:6.1%} {done}/{total} jobs")
-        self.stream.flush()
+        self.status.update(f"{self.label:<10} [{bar}] {frac:6.1%} {self.where()}", key=f"{int(frac * 10)}")
+
+    def where(self) -> str:
+        """``120/500 jobs, simulated 3h12m``."""
+        sim = f", simulated {format_elapsed(self.sim_clock())}" if self.sim_clock is not None else ""
+        return f"{self.done}/{self.total} jobs{sim}"
 
     def close(self) -> None:
         """End the bar's line."""
-        self.stream.write("\n")
-        self.stream.flush()
+        self.status.close()
+
+
+class ClockedPolicy(Policy):
+    """`inner`, noting the virtual time of each decision in `now_s`: the simulator's progress
+    callback counts jobs only, and the status line shows the simulated time too."""
+
+    def __init__(self, inner: Policy, start_s: float = 0.0) -> None:
+        self.inner, self.start_s, self.now_s = inner, start_s, start_s
+
+    def simulated_s(self) -> float:
+        """Virtual seconds from `start_s` (the first submission) to the last decision."""
+        return self.now_s - self.start_s
+
+    def decide(self, state: ClusterState) -> list[Decision]:
+        """`inner`'s decisions (the time noted first)."""
+        self.now_s = state.now_s
+        return self.inner.decide(state)
+
+    def next_wakeup_s(self, state: ClusterState) -> float | None:
+        """`inner`'s next wakeup."""
+        return self.inner.next_wakeup_s(state)
+
+
+def clocked(policy: Policy, start_s: float = 0.0) -> ClockedPolicy:
+    """`policy` behind a `ClockedPolicy` that keeps its name (the results are reported under it)."""
+    named = type(f"Clocked{type(policy).__name__}", (ClockedPolicy,), {"name": policy.name})
+    wrapper: ClockedPolicy = named(policy, start_s)
+    return wrapper
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Run the simulations, print the table, write the JSON and the plot."""
     from elastrain.scheduler.metrics import format_table, write_json
     from elastrain.scheduler.registry import make_policy
-    from elastrain.scheduler.simulator import SimConfig, simulate
+    from elastrain.scheduler.simulator import SimConfig, SimResult, simulate
     from elastrain.scheduler.trace import read_trace, repeat_trace
 
     if (args.trace is None) == (args.benchmark is None):
@@ -120,7 +171,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.benchmark is not None:
         from elastrain.scheduler.benchcli import cmd_benchmark
 
-        return cmd_benchmark(args, names)
+        def benchmark_timed_out() -> TimedOut:
+            return TimedOut(
+                f"simulate timed out after {args.timeout:g}s on benchmark {args.benchmark} "
+                "(nothing printed or written): give a larger --timeout, fewer policies or one --workload"
+            )
+
+        with raise_after(args.timeout, benchmark_timed_out):
+            return cmd_benchmark(args, names)
     jobs = repeat_trace(read_trace(args.trace), args.repeat)
     config = SimConfig(
         gpus=args.gpus,
@@ -129,12 +187,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         restart_cost_s=args.restart_cost,
         max_gpus_default=args.max_gpus_default,
     )
-    results = []
-    for policy in policies:
-        bar = None if args.no_progress else ProgressBar(policy.name)
-        results.append(simulate(jobs, policy, config, progress=bar))
-        if bar is not None:
-            bar.close()
+    results: list[SimResult] = []
+    first_submit = min((j.submit_s for j in jobs), default=0.0)
+    bar = ProgressBar("", quiet=True)
+
+    def timed_out() -> TimedOut:
+        left = [p.name for p in policies[len(results) + 1 :]]
+        return TimedOut(
+            f"simulate timed out after {args.timeout:g}s: policy {bar.label} at {bar.where()}"
+            f"{'; not run: ' + ', '.join(left) if left else ''} (nothing printed or written): give a "
+            "larger --timeout, fewer policies or a shorter trace"
+        )
+
+    with raise_after(args.timeout, timed_out):
+        for policy in policies:
+            watched = clocked(policy, first_submit)
+            bar = ProgressBar(policy.name, sim_clock=watched.simulated_s, quiet=args.no_progress)
+            try:
+                results.append(simulate(jobs, watched, config, progress=bar))
+            finally:
+                bar.close()
     repeat = f", trace x{args.repeat}" if args.repeat > 1 else ""
     print(f"trace {args.trace} ({len(jobs)} jobs{repeat}) on {args.gpus} GPUs")
     print(format_table(results))

@@ -1,7 +1,8 @@
 """The FastAPI application: routes under ``/api/v1`` (`routes_users`, `routes_clusters`, `routes_jobs`)
 calling `Services`; every refusal as RFC 9457 problem details (`problems`); the OpenAPI document says
 what the routes do (`openapi`). The server's objects are on ``app.state`` (services, jobs, settings),
-where the routes' dependencies (`deps`) find them.
+where the routes' dependencies (`deps`) find them. ``GET /metrics`` serves Prometheus metrics (`metrics`);
+the containers' resource figures come from ``app.state.usage`` (`usage_service`).
 """
 
 import hmac
@@ -12,13 +13,14 @@ from fastapi import FastAPI
 
 from elastrain.db.models import Job
 from elastrain.db.repository import hash_token
-from elastrain.server import openapi, problems, routes_clusters, routes_jobs, routes_users
+from elastrain.server import metrics, openapi, problems, routes_clusters, routes_jobs, routes_users
 from elastrain.server.errors import Unauthorized
 from elastrain.server.jobs import JobService
 from elastrain.server.limits import BodyLimitMiddleware, bearer_token, resolve_max_body_bytes
 from elastrain.server.schemas import MAX_DB_INT
 from elastrain.server.services import Services
 from elastrain.server.settings import ServerSettings
+from elastrain.server.usage_service import UsageService
 
 _JOB_TOKEN_ROUTE = re.compile(r"^/api/v1/jobs/([0-9]{1,19})/(?:progress|incidents)$")
 _ATTACH_ROUTE = "/api/v1/jobs/attach"
@@ -76,12 +78,14 @@ def create_app(
     *,
     max_body_bytes: int | None = None,
     settings: ServerSettings | None = None,
+    metrics_token: str | None = None,
 ) -> FastAPI:
     """The app with every route and error handler wired to `services` and `jobs`.
 
     `max_body_bytes`: the request-body cap (default: `settings`' ``max_body_bytes``, else
     ``$ELASTRAIN_MAX_BODY_BYTES``, else 1 MiB); bodies under ``/api/`` are refused (401) before they
-    are read unless the request carries a valid token.
+    are read unless the request carries a valid token. `metrics_token` (default: `settings`'
+    ``metrics_token``): the bearer token ``GET /metrics`` needs (None: it is open).
     """
     if max_body_bytes is None and settings is not None:
         max_body_bytes = settings.max_body_bytes
@@ -96,6 +100,9 @@ def create_app(
         generate_unique_id_function=openapi.operation_id,
     )
     app.state.services, app.state.jobs, app.state.settings = services, jobs, settings
+    app.state.usage = UsageService(services.db, services.backend, services.inventory)
+    if metrics_token is None and settings is not None:
+        metrics_token = settings.metrics_token
     problems.install(app)
     app.include_router(routes_users.router)
     app.include_router(routes_clusters.router)
@@ -112,5 +119,6 @@ def create_app(
     docs.add_docs(app)  # /docs with the vendored Swagger UI at /_swagger/
     mount_portal(app)
     openapi.finalize(app)  # errors as application/problem+json in /openapi.json
+    metrics.install(app, services, app.state.usage, metrics_token)  # GET /metrics, HTTP metrics
     access_log.install(app)  # outermost: X-Request-ID on every answer, one log line each
     return app

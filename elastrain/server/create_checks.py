@@ -5,17 +5,21 @@ fields whose inputs passed (shm within memory, distinct mount targets, an image 
 and raises one `InvalidRequest` listing every refusal (`FieldErrors`). Only then come the refusals of
 valid values that depend on this node: more GPUs than it has (409), a mount source outside the allowed
 roots or of the server's own state (403) or missing (409), each raised at once.
+
+`check_gpu_type` refuses (409, like more GPUs than the node has) a well-formed GPU type the node's
+inventory does not have; the create route runs it with `check_request_fields`, after the 422 of the
+request's own values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from elastrain.backends.api import Mount
 from elastrain.db.models import Framework, RestartPolicy
 from elastrain.server import schemas
-from elastrain.server.errors import FieldErrors, InvalidRequest, checked
+from elastrain.server.errors import Conflict, FieldErrors, InvalidRequest, checked
 from elastrain.server.validation import (
     check_bound,
     check_bounds,
@@ -67,22 +71,11 @@ def _bounds(found: FieldErrors, req: schemas.ClusterCreate) -> tuple[int, int] |
     )
 
 
-def check_cluster_create(
-    req: schemas.ClusterCreate,
-    *,
-    check_gpu_total: Callable[[int, int], None],
-    static: bool,
-    parse_mount: Callable[[str], Mount],
-    resolve_image: Callable[[str, str], str],
-) -> ValidCluster:
-    """Every check of `req`; one `InvalidRequest` names every bad field (see the module docstring).
-
-    `check_gpu_total(containers, gpus)` refuses (409) more GPUs than the node has (for the lower bound,
-    and in a `static` server without a scheduler for the requested size too); `parse_mount` resolves one
-    ``SOURCE:TARGET`` on this node (403, 409); `resolve_image(image, framework)` raises ValueError for an
-    image without it. The node's refusals come after the 422 of the request's own values.
-    """
-    found = FieldErrors()
+def _check_fields(
+    found: FieldErrors, req: schemas.ClusterCreate
+) -> tuple[Framework | None, tuple[int, int] | None, int | None, int | None, RestartPolicy | None]:
+    """The checks of the request's own values (none needs this node), recorded in `found`: the
+    framework, container bounds, shm, memory and restart policy they resolve to (None: refused)."""
     found.check("body.name", check_name, req.name)
     framework = found.check("body.framework", check_framework, req.framework)
     bounds = _bounds(found, req)
@@ -100,6 +93,51 @@ def check_cluster_create(
     targets = [normal_target(spec[1]) for spec in specs if spec is not None]
     if len(set(targets)) != len(targets):
         found.add("body.mounts", "two mounts share a target path; give each mount its own target")
+    return framework, bounds, shm, memory, policy
+
+
+def check_gpu_type(requested: str | None, models: Sequence[str]) -> str | None:
+    """The node's GPU model `requested` names (case aside; None or '': any model); a `Conflict` (409)
+    saying which models there are when the node has none of that name."""
+    if requested is None or not requested.strip():
+        return None
+    wanted = requested.strip().casefold()
+    found = next((model for model in models if model.casefold() == wanted), None)
+    if found is None:
+        have = ", ".join(repr(m) for m in models) if models else "none (no real GPUs: only null, any type)"
+        raise Conflict(
+            f"gpu_type {requested.strip()!r} is not a GPU model of this node; its models: {have} "
+            "(GET /api/v1/inventory); send one of them, or null for any"
+        )
+    return found
+
+
+def check_request_fields(req: schemas.ClusterCreate, gpu_models: Sequence[str]) -> str | None:
+    """The request's own values (one `InvalidRequest` names every bad field), then its GPU type against
+    `gpu_models` (409); the GPU model asked for (None: any)."""
+    found = FieldErrors()
+    _check_fields(found, req)
+    found.raise_if_any()
+    return check_gpu_type(req.gpu_type, gpu_models)
+
+
+def check_cluster_create(
+    req: schemas.ClusterCreate,
+    *,
+    check_gpu_total: Callable[[int, int], None],
+    static: bool,
+    parse_mount: Callable[[str], Mount],
+    resolve_image: Callable[[str, str], str],
+) -> ValidCluster:
+    """Every check of `req`; one `InvalidRequest` names every bad field (see the module docstring).
+
+    `check_gpu_total(containers, gpus)` refuses (409) more GPUs than the node has (for the lower bound,
+    and in a `static` server without a scheduler for the requested size too); `parse_mount` resolves one
+    ``SOURCE:TARGET`` on this node (403, 409); `resolve_image(image, framework)` raises ValueError for an
+    image without it. The node's refusals come after the 422 of the request's own values.
+    """
+    found = FieldErrors()
+    framework, bounds, shm, memory, policy = _check_fields(found, req)
     image = None
     if framework is not None:
         image = found.check("body.image", _resolve, resolve_image, req.image, framework.value)

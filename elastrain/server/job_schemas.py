@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from elastrain.db.models import JobStatus
 from elastrain.rendezvous.api import Cause
+from elastrain.server import validation as checks
+from elastrain.server.errors import InvalidRequest
 from elastrain.server.fields import (
     Body,
     Command,
@@ -20,7 +22,42 @@ from elastrain.server.fields import (
     EpochSeconds,
     SafeText,
     UtcDatetime,
+    server_check,
 )
+
+SCALAR_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"
+MAX_SCALARS = 32
+Scalars = Annotated[
+    dict[
+        Annotated[str, StringConstraints(pattern=SCALAR_NAME)], Annotated[float, Field(allow_inf_nan=False)]
+    ],
+    Field(max_length=MAX_SCALARS),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": MAX_SCALARS,
+            "patternProperties": {SCALAR_NAME: {"type": "number"}},
+            "additionalProperties": False,
+        }
+    ),
+]
+"""Figures a job reports by name (``accuracy``, ``eval/loss``: TensorBoard tags), finite numbers."""
+
+
+def _check_container_dir(value: str) -> None:
+    checks.check_text(value, "tensorboard_dir")
+    if not value.startswith("/"):
+        raise InvalidRequest(
+            "tensorboard_dir must be an absolute path in the launcher container (e.g. /data/tensorboard/run1)"
+        )
+
+
+ContainerDir = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=4096, pattern=f"^/[^{checks.CONTROL}]*$"),
+    server_check(_check_container_dir, str),
+]
+"""An absolute path as the launcher container sees it."""
 
 
 class JobSubmit(Body):
@@ -28,6 +65,13 @@ class JobSubmit(Body):
 
     model_config = ConfigDict(extra="forbid")
     command: Command = Field(examples=[["python", "/opt/elastrain/examples/mnist_elastic.py"]])
+    tensorboard_dir: ContainerDir | None = Field(
+        default=None,
+        description="write TensorBoard scalars under this directory (a path in the launcher container, "
+        "e.g. on the cluster's storage): `elastrain run` in the command writes them there "
+        "(ELASTRAIN_TENSORBOARD_DIR), as does `elastrain.report()` in a plain script",
+        examples=["/data/tensorboard/run1"],
+    )
 
 
 class CheckpointReport(Body):
@@ -62,6 +106,11 @@ class JobProgress(Body):
         default=None, max_length=4096, description="the hosts the job trains on now (drains wait for it)"
     )
     checkpoint: CheckpointReport | None = None
+    scalars: Scalars | None = Field(
+        default=None,
+        max_length=MAX_SCALARS,
+        description="other figures the job reports (`elastrain.report(accuracy=0.9)`), by name",
+    )
 
 
 class JobAttach(Body):
@@ -108,6 +157,10 @@ class JobIncident(Body):
     first_step_at: EpochSeconds | None = Field(
         default=None, description="when the new generation completed its first step"
     )
+    restarted: bool | None = Field(
+        default=None,
+        description="restart mode (a torchrun-style script): the scripts were restarted for this generation",
+    )
 
 
 class JobOut(BaseModel):
@@ -126,3 +179,4 @@ class JobOut(BaseModel):
     world_size: int | None
     created_at: UtcDatetime
     finished_at: UtcDatetime | None
+    tensorboard_dir: str | None = Field(default=None, description="where its TensorBoard scalars go")

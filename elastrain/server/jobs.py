@@ -4,7 +4,9 @@ A job runs under ``elastrain.backends.jobrun``, which records the exit code in a
 log, so a restarted server still learns how a job ended. Progress comes from the job itself
 (``POST /api/v1/jobs/{id}/progress`` with its report token, see `elastrain.client.report_progress`)
 or, as a fallback, from the ``epoch N done: world W, step S, loss L`` lines elastrain's examples print
-and the ``generation G formed: W workers`` lines of ``elastrain run -v``.
+and the ``generation G formed: W workers`` lines of ``elastrain run -v``. A report may carry other
+scalars by name (`elastrain.report`), kept with the job's metrics. A job submitted with a
+``tensorboard_dir`` gets it as ELASTRAIN_TENSORBOARD_DIR (`elastrain run`'s --tensorboard-dir default).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from elastrain.server.job_files import (
 from elastrain.server.membership import JobMembership
 from elastrain.server.reconciler import aware, container_spec, tenant_uid
 
+TENSORBOARD_DIR_ENV = "ELASTRAIN_TENSORBOARD_DIR"  # read by `elastrain run` and `elastrain.report`
 JOB_EVENTS = "job."
 """The prefix of every job event's action (`EventAction.job_submitted`, ...): a job's trail."""
 
@@ -101,16 +104,19 @@ class JobService:
                 raise Conflict(f"cluster {name!r} has no Running launcher yet; wait for it and retry")
             spec = self.commands.spec(cluster, launcher)
             job, log_path = self._new_job(session, cluster, launcher.name, user, req.command, token)
+            job.tensorboard_dir = req.tensorboard_dir
             env = ReportEnv(
                 url=self.backend.api_url(cluster.name, self.report_url), job_id=str(job.id), token=token
             ).to_env()
+            if req.tensorboard_dir:
+                env[TENSORBOARD_DIR_ENV] = req.tensorboard_dir
             exit_file = self.backend.path_inside(cluster.name, launcher.name, exit_path(job.id))
             proc = self.commands.start(spec, req.command, env=env, log_path=log_path, exit_file=exit_file)
             job.pid = proc.pid
             add_event(
                 session, user.name, EventAction.job_submitted, name, user.id, job=job.id, command=req.command
             )
-            return job_out(job, cluster.name)
+            return _out(job, cluster.name)
 
     def _new_job(
         self, session: Session, cluster: Cluster, launcher: str, user: User, command: list[str], token: str
@@ -197,14 +203,14 @@ class JobService:
     def get(self, user: User, job_id: int) -> schemas.JobOut:
         """One job."""
         with self.db.session() as session:
-            return job_out(*self._job(session, user, job_id))
+            return _out(*self._job(session, user, job_id))
 
     def list(self, user: User, cluster: str | None = None) -> list[schemas.JobOut]:
         """The caller's jobs (optionally of one cluster)."""
         with self.db.session() as session:
             only = self._cluster(session, user, cluster) if cluster else None
             names = {c.id: c.name for c in session.scalars(select(Cluster))}
-            return [job_out(j, names.get(j.cluster_id, "?")) for j in visible_jobs(session, user, only)]
+            return [_out(j, names.get(j.cluster_id, "?")) for j in visible_jobs(session, user, only)]
 
     def logs(self, user: User, job_id: int, offset: int) -> tuple[bytes, int, str]:
         """Log bytes from `offset`, the next offset and the job's status."""
@@ -233,7 +239,7 @@ class JobService:
                     )
                 job.status, job.finished_at = JobStatus.Cancelled, utcnow()
                 add_event(session, user.name, EventAction.job_cancelled, cluster, user.id, job=job.id)
-            return job_out(job, cluster)
+            return _out(job, cluster)
 
     def report(self, job_id: int, token: str, progress: schemas.JobProgress) -> None:
         """Record a progress report (authenticated by the job's own report token)."""
@@ -313,13 +319,14 @@ class JobService:
         return job
 
     @staticmethod
-    def _record(session: Session, job: Job, values: dict[str, object]) -> None:
-        values = {k: v for k, v in values.items() if k in FIELDS and v is not None}
-        if not values:
+    def _record(session: Session, job: Job, report: dict[str, object]) -> None:
+        values = {k: v for k, v in report.items() if k in FIELDS and v is not None}
+        scalars = report.get("scalars")
+        if not values and not scalars:
             return
         for key, value in values.items():
             setattr(job, key, value)
-        session.add(JobMetric(job_id=job.id, **values))
+        session.add(JobMetric(job_id=job.id, scalars=json.dumps(scalars) if scalars else None, **values))
 
     @staticmethod
     def _alive(job: Job) -> bool:
@@ -359,3 +366,8 @@ class JobService:
         cut = data.rfind(b"\n") + 1
         self._offsets[job.id] = offset + cut
         self._record(session, job, progress_values(data[:cut].decode(errors="replace")))
+
+
+def _out(job: Job, cluster: str) -> schemas.JobOut:
+    """The API view of a job row, with its TensorBoard directory."""
+    return job_out(job, cluster).model_copy(update={"tensorboard_dir": job.tensorboard_dir})

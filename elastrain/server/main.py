@@ -70,13 +70,38 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=("container", "process", "local", "slurm"),
+        choices=("container", "process", "local", "slurm", "kubernetes"),
         help="where containers run: 'container' (podman OCI containers; the default where podman works), "
         "'process' (directories and processes on this machine: isolates nothing, so exec, jobs and "
         "terminals are refused there without --insecure-host-commands; 'local' is its old name), "
         "or 'slurm' (Slurm jobs; SLURM_CONF; default --gpus: its GPUs; exec, jobs and terminals run on "
-        "this machine, so they are refused without --insecure-host-commands too) "
+        "this machine, so they are refused without --insecure-host-commands too), "
+        "or 'kubernetes' (pods on a Kubernetes API server: --kubeconfig, --namespace) "
         "(env ELASTRAIN_SERVER_BACKEND)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="--backend kubernetes: the API server and credentials (env ELASTRAIN_KUBECONFIG; default: "
+        "the pod's service account in-cluster, else $KUBECONFIG or ~/.kube/config)",
+    )
+    p.add_argument(
+        "--namespace",
+        help="--backend kubernetes: the namespace of every object (env ELASTRAIN_K8S_NAMESPACE; default: "
+        "the kubeconfig context's, else the server pod's, else 'default')",
+    )
+    p.add_argument(
+        "--k8s-image-registry",
+        metavar="REGISTRY",
+        help="--backend kubernetes: the registry the nodes pull elastrain images from, replacing podman's "
+        "'localhost/' (env ELASTRAIN_K8S_IMAGE_REGISTRY; default: image names as podman has them)",
+    )
+    p.add_argument(
+        "--k8s-api-url",
+        metavar="URL",
+        help="--backend kubernetes: this server's API as pods reach it, e.g. http://elastrain.NS.svc:8080 "
+        "(env ELASTRAIN_K8S_API_URL; default: http://HOST:PORT as the server listens)",
     )
     p.add_argument(
         "--insecure-host-commands",
@@ -124,6 +149,12 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         "--reconcile-interval",
         type=float,
         help="seconds between reconcile passes (env ELASTRAIN_RECONCILE_INTERVAL; default 0.5)",
+    )
+    p.add_argument(
+        "--metrics-token",
+        metavar="TOKEN",
+        help="GET /metrics needs `Authorization: Bearer TOKEN` (16+ printable characters); prefer env "
+        "ELASTRAIN_METRICS_TOKEN or the settings file, as a flag shows in `ps` (default: /metrics is open)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log reconciler decisions and requests")
 
@@ -199,6 +230,8 @@ def make_backend(settings: ServerSettings, data_dir: Path) -> tuple[Backend, Inv
             raise ConfigError(f"--backend slurm: cannot reach Slurm (SLURM_CONF?): {exc}") from None
         return slurm, Inventory.create(gpus, str(data_dir))
     inventory = Inventory.create(settings.gpus, str(data_dir))
+    if settings.backend == "kubernetes":
+        return kubernetes_backend(settings, data_dir), inventory
     if settings.backend == "container":
         from elastrain.backends.container import ContainerBackend
 
@@ -217,6 +250,25 @@ def make_backend(settings: ServerSettings, data_dir: Path) -> tuple[Backend, Inv
         flush=True,
     )
     return LocalBackend(data_dir), inventory
+
+
+def kubernetes_backend(settings: ServerSettings, data_dir: Path) -> Backend:
+    """The Kubernetes backend of `settings`, once the API server answers, the namespace exists and RBAC
+    allows what it needs (else a one-line `ConfigError`)."""
+    from elastrain.backends.container import server_key
+    from elastrain.backends.kubernetes import KubernetesBackend
+    from elastrain.backends.kubernetes_client import check_ready, connect
+
+    conn = connect(settings.kubeconfig, settings.namespace)
+    check_ready(conn)
+    print(f"elastrain server: Kubernetes API {conn.url}, namespace {conn.namespace}", flush=True)
+    return KubernetesBackend(
+        data_dir,
+        conn,
+        server_key(data_dir),
+        image_registry=settings.k8s_image_registry,
+        api_url=settings.k8s_api_url,
+    )
 
 
 def host_commands_policy(settings: ServerSettings) -> bool:

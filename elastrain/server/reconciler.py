@@ -29,6 +29,7 @@ from elastrain.errors import ElastrainError
 from elastrain.hostfile import Hostfile, render_hostfile
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.membership import JobHosts, JobMembership
+from elastrain.server.metrics_stats import ReconcileStats
 from elastrain.server.policy import (
     Action,
     ClusterView,
@@ -144,6 +145,7 @@ class Reconciler:
         self.hooks: list[Callable[[], int]] = []  # run after each pass (e.g. the job monitor)
         self.scheduler = scheduler
         self.failures = StepFailures(db, ACTOR)
+        self.stats = ReconcileStats()  # pass durations and failures, for /metrics
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -174,6 +176,10 @@ class Reconciler:
 
     def reconcile_once(self) -> int:
         """One pass: returns how many decisions were applied."""
+        with self.stats.timed_pass():
+            return self._pass()
+
+    def _pass(self) -> int:
         if self.scheduler is not None:
             scheduled = self.scheduler.run(self.db, self.inventory.gpus)
         else:
@@ -208,6 +214,7 @@ class Reconciler:
             try:
                 hook()
             except Exception as exc:
+                self.stats.failed("hook")
                 self.failures.report("", "", getattr(hook, "__qualname__", "hook"), exc, record=False)
         self.passes += 1
         return applied + scheduled
@@ -220,6 +227,7 @@ class Reconciler:
                 self._apply(session, decision)
         except Exception as exc:
             step = decision.action.value
+            self.stats.failed(step)
             self.failures.report(decision.cluster, uid, step, exc, container=decision.container)
             return False
         return True
@@ -252,6 +260,7 @@ class Reconciler:
                 try:
                     self.backend.write_cluster_file(cluster.name, HOSTFILE_PATH, text)
                 except Exception as exc:
+                    self.stats.failed("hostfile")
                     self.failures.report(cluster.name, cluster.uid, "sync_hostfile", exc, record=False)
 
     @staticmethod

@@ -5,12 +5,15 @@ No ``from __future__ import annotations``: FastAPI must see the route annotation
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Response
+from fastapi import APIRouter, Body, Depends, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from elastrain.server import schemas
+from elastrain.server.create_checks import check_request_fields
 from elastrain.server.deps import CurrentUser, ServicesDep
 from elastrain.server.openapi import BODY, created, errors, location, merged
+from elastrain.server.usage_schemas import ClusterUsageOut
+from elastrain.server.usage_service import UsageService, get_usage
 
 _NEW_CLUSTER = {
     "two": {"summary": "a launcher and one worker", "value": {"name": "tthvd", "containers": 2}},
@@ -67,7 +70,10 @@ def create_cluster(
 
     422 names every bad field at once; then what this node refuses: 403, over quota or a mount source
     outside the allowed roots (--allow-mount) or of the server's own state; 409, the name is taken,
-    more GPUs than the node has, or a mount source that does not exist on the server."""
+    more GPUs than the node has, a `gpu_type` the node has no GPU of (GET /api/v1/inventory lists
+    them), or a mount source that does not exist on the server."""
+    if req.gpu_type is not None:  # the node's models: what the create checks know nothing of
+        check_request_fields(req, services.inventory.gpu_models)
     out = services.create_cluster(user, req)
     response.headers["Location"] = location("clusters", out.name)
     return out
@@ -158,3 +164,14 @@ def exec_command(
     409: `container` is not one of the cluster's, or it is not Running (or the cluster has no launcher
     yet)."""
     return NdjsonResponse(services.exec_stream(user, name, req))
+
+
+@router.get("/clusters/{name}/usage", response_model=ClusterUsageOut, responses=errors(401, 404))
+def get_cluster_usage(
+    usage: Annotated[UsageService, Depends(get_usage)], name: str, user: CurrentUser
+) -> ClusterUsageOut:
+    """CPU, memory and GPU figures of each container now (the owner's and admins' only; 404 for
+    others). CPU from the container's cgroup (container backend) or its processes' /proc figures
+    (process backend), null where none can be read; GPUs from NVML: on a node without NVML (or with
+    virtual GPUs) `gpu_note` says "no GPUs" instead of figures."""
+    return usage.for_user(user, name)

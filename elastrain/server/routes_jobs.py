@@ -14,8 +14,23 @@ from elastrain.server.openapi import BODY, created, errors, location, merged
 from elastrain.server.schemas import MAX_DB_INT
 
 JobId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="a job id")]
-_SUBMIT = {"hostname": {"summary": "a harmless command", "value": {"command": ["hostname"]}}}
-_PROGRESS = {"step": {"summary": "step 100", "value": {"step": 100, "epoch": 1, "loss": 0.42}}}
+_SUBMIT = {
+    "hostname": {"summary": "a harmless command", "value": {"command": ["hostname"]}},
+    "tensorboard": {
+        "summary": "elastrain run, TensorBoard scalars on the cluster's storage",
+        "value": {
+            "command": ["elastrain", "run", "-np", "2", "python", "/data/train.py"],
+            "tensorboard_dir": "/data/tensorboard/run1",
+        },
+    },
+}
+_PROGRESS = {
+    "step": {"summary": "step 100", "value": {"step": 100, "epoch": 1, "loss": 0.42}},
+    "scalars": {
+        "summary": "elastrain.report(loss=0.42, step=100, accuracy=0.91)",
+        "value": {"step": 100, "loss": 0.42, "scalars": {"accuracy": 0.91}},
+    },
+}
 _ATTACH = {"run": {"summary": "elastrain run, pid 42", "value": {"command": ["python", "t.py"], "pid": 42}}}
 _INCIDENT = {
     "failure": {
@@ -110,7 +125,8 @@ def report_progress(
     progress: Annotated[schemas.JobProgress, Body(openapi_examples=_PROGRESS)],
     x_job_token: Annotated[str, Header()] = "",
 ) -> Response:
-    """A job reports step/epoch/loss/samples_per_s/world_size (auth: its X-Job-Token; 401 without)."""
+    """A job reports step/epoch/loss/samples_per_s/world_size and other named scalars (auth: its
+    X-Job-Token; 401 without)."""
     jobs.report(job_id, x_job_token, progress)
     return Response(status_code=204)
 

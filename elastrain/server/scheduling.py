@@ -36,6 +36,9 @@ log = logging.getLogger("elastrain.scheduling")
 ACTOR = "scheduler"
 NODE = "local"
 METRIC_WINDOW = 200  # newest progress reports per cluster used for its measured throughput
+DECISION_KINDS = ("admitted", "rescheduled")
+"""The scheduler's decisions as `ClusterScheduler.decisions` counts them: a queued cluster admitted
+(``cluster.admitted``), an admitted one resized (``cluster.rescheduled``)."""
 
 
 class SchedulerMode(str, enum.Enum):
@@ -137,6 +140,9 @@ class ClusterScheduler:
     def __init__(self, mode: SchedulerMode | str = SchedulerMode.elastic) -> None:
         self.mode = SchedulerMode(mode)
         self.policy = make_policy(self.mode.value, preemptive=False)  # clusters cannot be suspended yet
+        # decisions written so far, by kind (for /metrics); every key present from the start, so a
+        # reader in another thread never sees the dict change size
+        self.decisions: dict[str, int] = dict.fromkeys(DECISION_KINDS, 0)
 
     def run(self, db: Database, total_gpus: int) -> int:
         """One scheduling step; returns how many clusters changed size or admission."""
@@ -151,7 +157,11 @@ class ClusterScheduler:
             demands = [cluster_demand(c, _reports(session, c)) for c in clusters.values()]
             state = build_state(demands, total_gpus, time.time())
             targets = plan_targets(state, self.policy.decide(state))
-            return sum(_write(session, clusters[t.cluster], t) for t in targets)
+            written = [_write(session, clusters[t.cluster], t) for t in targets]
+        for kind in written:
+            if kind is not None:
+                self.decisions[kind] += 1
+        return sum(1 for kind in written if kind is not None)
 
 
 def cluster_demand(
@@ -203,16 +213,17 @@ def _reports(session: Session, cluster: Cluster) -> list[tuple[int | None, float
     return [(w, s) for w, s in session.execute(query)]
 
 
-def _write(session: Session, cluster: Cluster, target: Target) -> int:
-    """Record one target on its row; an event (with the reason) only when the size or admission changes."""
+def _write(session: Session, cluster: Cluster, target: Target) -> str | None:
+    """Record one target on its row; an event (with the reason) only when the size or admission
+    changes. Returns that decision's kind (`DECISION_KINDS`; None: nothing changed)."""
     if not target.admitted:
         if cluster.size_reason != target.reason:
             cluster.size_reason = target.reason
-        return 0
+        return None
     before, was_admitted = cluster.desired_containers, cluster.admitted
     cluster.size_reason = target.reason or cluster.size_reason
     if before == target.containers and was_admitted:
-        return 0
+        return None
     cluster.desired_containers, cluster.admitted = target.containers, True
     add_event(
         session,
@@ -225,4 +236,4 @@ def _write(session: Session, cluster: Cluster, target: Target) -> int:
         reason=target.reason,
     )
     log.info("cluster %s: %d -> %d containers (%s)", cluster.name, before, target.containers, target.reason)
-    return 1
+    return "rescheduled" if was_admitted else "admitted"

@@ -264,6 +264,13 @@ class ClusterCreate(Body):
     priority: int = Field(
         default=0, ge=-1_000_000, le=1_000_000, description="higher is scheduled first and shrunk last"
     )
+    gpu_type: Annotated[SafeText, StringConstraints(max_length=128)] | None = Field(
+        default=None,
+        description="the GPU model the containers need, one of the node's (`gpu_model` of GET "
+        "/api/v1/inventory, e.g. 'NVIDIA H200'; case aside); null: any. Refused (422) when the node has "
+        "no GPU of that model",
+        examples=[None],
+    )
 
 
 class ClusterScale(Body):
@@ -422,3 +429,8 @@ class InventoryOut(BaseModel):
     real: bool
     used: int
     free: int
+    gpu_model: str = Field(
+        default="",
+        description="the real GPUs' model as NVML names it (several: joined by ', '); '' for none "
+        "(no GPUs, or virtual ones): the `gpu_type` a cluster may ask for",
+    )

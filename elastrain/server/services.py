@@ -272,7 +272,11 @@ class Services:
                 if k.state != ContainerState.Failed
             )
         return schemas.InventoryOut(
-            gpus=self.inventory.gpus, real=self.inventory.real, used=used, free=self.inventory.gpus - used
+            gpus=self.inventory.gpus,
+            real=self.inventory.real,
+            used=used,
+            free=self.inventory.gpus - used,
+            gpu_model=self.inventory.gpu_model,
         )
 
     # --- exec --------------------------------------------------------------------------------------

@@ -12,12 +12,18 @@ Every setting has a flag, an environment variable and a key of the settings file
                                 --insecure-process-backend / ELASTRAIN_INSECURE_PROCESS_BACKEND work too)
     --quota-clusters            ELASTRAIN_QUOTA_CLUSTERS       --quota-containers ELASTRAIN_QUOTA_CONTAINERS
     --quota-gpus                ELASTRAIN_QUOTA_GPUS   (per-user defaults; `elastrain user quota` overrides)
+    --kubeconfig                ELASTRAIN_KUBECONFIG           --namespace        ELASTRAIN_K8S_NAMESPACE
+    --k8s-image-registry        ELASTRAIN_K8S_IMAGE_REGISTRY   --k8s-api-url      ELASTRAIN_K8S_API_URL
+                                (the kubernetes backend's; see `elastrain.backends.kubernetes`)
+    --metrics-token             ELASTRAIN_METRICS_TOKEN  (GET /metrics then needs ``Authorization: Bearer``
+                                it; unset, /metrics is open, as most exporters are)
 
 (host, port, data dir and backend carry ``SERVER_``: ELASTRAIN_HOST, ELASTRAIN_DATA_DIR and
 ELASTRAIN_BACKEND already mean other things to workers and examples.) The settings file
 (``--config FILE`` or ``ELASTRAIN_CONFIG``) holds ``NAME=VALUE`` lines with the environment's names
 (``.env`` syntax: ``#`` comments, optional quotes). A database password belongs in ``ELASTRAIN_DB`` or
-in that file (mode 0600), never in ``--db``: a command line is visible to every user in ``ps``.
+in that file (mode 0600), never in ``--db``: a command line is visible to every user in ``ps``; the
+metrics token likewise belongs in the environment or that file (``--metrics-token`` is shown in ``ps``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -39,6 +46,12 @@ from elastrain.server.quotas import DEFAULT_MAX_CLUSTERS, DEFAULT_MAX_CONTAINERS
 
 CONFIG_ENV = "ELASTRAIN_CONFIG"
 DB_ENV = "ELASTRAIN_DB"
+METRICS_TOKEN_ENV = "ELASTRAIN_METRICS_TOKEN"
+SECRET_FIELDS = ("db", "metrics_token")  # never echoed in an error message
+METRICS_TOKEN_IN_ARGV_WARNING = (
+    "elastrain server: warning: --metrics-token is visible to every user in `ps`; prefer "
+    f"${METRICS_TOKEN_ENV} or the settings file (--config)"
+)
 
 # field -> (flag, environment variable / settings-file key)
 NAMES: dict[str, tuple[str, str]] = {
@@ -57,6 +70,11 @@ NAMES: dict[str, tuple[str, str]] = {
     "quota_clusters": ("--quota-clusters", "ELASTRAIN_QUOTA_CLUSTERS"),
     "quota_containers": ("--quota-containers", "ELASTRAIN_QUOTA_CONTAINERS"),
     "quota_gpus": ("--quota-gpus", "ELASTRAIN_QUOTA_GPUS"),
+    "kubeconfig": ("--kubeconfig", "ELASTRAIN_KUBECONFIG"),
+    "namespace": ("--namespace", "ELASTRAIN_K8S_NAMESPACE"),
+    "k8s_image_registry": ("--k8s-image-registry", "ELASTRAIN_K8S_IMAGE_REGISTRY"),
+    "k8s_api_url": ("--k8s-api-url", "ELASTRAIN_K8S_API_URL"),
+    "metrics_token": ("--metrics-token", METRICS_TOKEN_ENV),
 }
 OLD_NAMES: dict[str, tuple[str, str]] = {  # field -> its former (flag, environment variable), still accepted
     "insecure_host_commands": ("--insecure-process-backend", "ELASTRAIN_INSECURE_PROCESS_BACKEND"),
@@ -85,7 +103,7 @@ class ServerSettings(BaseSettings):
     data_dir: Path = Field(DEFAULT_DATA_DIR, validation_alias=_env("data_dir"))
     db: str | None = Field(None, validation_alias=_env("db"))
     gpus: int | None = Field(None, validation_alias=_env("gpus"))
-    backend: Literal["container", "process", "local", "slurm"] | None = Field(
+    backend: Literal["container", "process", "local", "slurm", "kubernetes"] | None = Field(
         None, validation_alias=_env("backend")
     )
     allow_mount: Annotated[list[Path], NoDecode] = Field(
@@ -104,6 +122,15 @@ class ServerSettings(BaseSettings):
         DEFAULT_MAX_CONTAINERS, ge=0, validation_alias=_env("quota_containers")
     )
     quota_gpus: int | None = Field(DEFAULT_MAX_GPUS, ge=0, validation_alias=_env("quota_gpus"))
+    kubeconfig: Path | None = Field(None, validation_alias=_env("kubeconfig"))
+    namespace: str | None = Field(
+        None, pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", validation_alias=_env("namespace")
+    )
+    k8s_image_registry: str = Field("", validation_alias=_env("k8s_image_registry"))
+    k8s_api_url: str = Field("", pattern=r"^(https?://\S+)?$", validation_alias=_env("k8s_api_url"))
+    metrics_token: str | None = Field(
+        None, min_length=16, pattern=r"^[\x21-\x7e]+$", validation_alias=_env("metrics_token")
+    )
 
     @field_validator("allow_mount", mode="before")
     @classmethod
@@ -168,7 +195,7 @@ def _one_line(exc: ValidationError) -> str:
     flag, env = NAMES.get(field, (loc, loc))
     if field in OLD_NAMES:  # it may have been given under its old name
         flag, env = f"{flag} ({OLD_NAMES[field][0]})", f"{env} ({OLD_NAMES[field][1]})"
-    got = "" if field == "db" else f" (got {first.get('input')!r})"  # never echo a database URL
+    got = "" if field in SECRET_FIELDS else f" (got {first.get('input')!r})"  # never echo a secret
     return f"invalid server setting {flag} / {env}: {first['msg']}{got}"
 
 
@@ -182,6 +209,8 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
             f"--db carries a password, which every user sees in `ps`; put the URL in ${DB_ENV} "
             f"(environment) or in a 0600 settings file (--config FILE, {DB_ENV}=...) instead"
         )
+    if given["metrics_token"]:
+        print(METRICS_TOKEN_IN_ARGV_WARNING, file=sys.stderr, flush=True)
     return {name: value for name, value in given.items() if value is not None}
 
 
@@ -204,8 +233,9 @@ def load_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = 
 
 
 def scrub_secrets_from_environment() -> None:
-    """Drop ``ELASTRAIN_DB`` from this process's environment once read, so that nothing the server
-    starts (the process backend's commands, Slurm jobs, portal shells) inherits the password."""
-    os.environ.pop(DB_ENV, None)
-    for key in [k for k in os.environ if k.upper() == DB_ENV]:
-        os.environ.pop(key, None)
+    """Drop ``ELASTRAIN_DB`` and ``ELASTRAIN_METRICS_TOKEN`` from this process's environment once read,
+    so that nothing the server starts (the process backend's commands, Slurm jobs, portal shells)
+    inherits the password or the token."""
+    for secret in (DB_ENV, METRICS_TOKEN_ENV):
+        for key in [k for k in os.environ if k.upper() == secret]:
+            os.environ.pop(key, None)

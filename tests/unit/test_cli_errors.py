@@ -51,6 +51,10 @@ CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "standalone_with_hosts": (["run", "--standalone", "-H", "127.0.0.2:1", "python", "train.py"], {}),
     "node_rank": (["run", "--node-rank", "1", "--nnodes", "2", "python", "train.py"], {"train.py": TRAIN}),
     "nproc_per_node_zero": (["run", "--nproc-per-node", "0", "python", "train.py"], {"train.py": TRAIN}),
+    "wait_timeout_negative": (["cluster", "create", "c1", "--wait", "--timeout", "-1"], {}),
+    "timeout_without_wait": (["cluster", "scale", "c1", "--containers", "3", "--timeout", "60"], {}),
+    "output_xml": (["cluster", "get", "c1", "-o", "xml"], {}),
+    "job_output_xml": (["job", "list", "-o", "xml"], {}),
 }
 
 
@@ -220,3 +224,28 @@ def test_node_rank_refused_with_a_hint(results: dict[str, Result]) -> None:
 def test_nproc_per_node_zero(results: dict[str, Result]) -> None:
     line = one_line_error(results["nproc_per_node_zero"])
     assert "--nproc-per-node must be at least 1, got 0" in line
+
+
+@pytest.mark.parametrize(
+    ("case", "flag_text"),
+    [
+        (
+            "wait_timeout_negative",
+            "argument --timeout: must be a positive number of seconds, e.g. 300, got '-1'",
+        ),
+        ("output_xml", "argument -o/--output: invalid choice: 'xml' (choose from 'table', 'json', 'yaml')"),
+        ("job_output_xml", "argument -o/--output: invalid choice: 'xml'"),
+    ],
+)
+def test_bad_timeout_and_output_flags_are_argparse_errors(
+    results: dict[str, Result], case: str, flag_text: str
+) -> None:
+    line = one_line_error(results[case])
+    assert results[case].returncode == 2
+    assert line.startswith("elastrain ") and flag_text in line and line.endswith("(see --help)")
+
+
+def test_a_timeout_with_nothing_to_bound_is_refused(results: dict[str, Result]) -> None:
+    line = one_line_error(results["timeout_without_wait"])
+    assert results["timeout_without_wait"].returncode == 2
+    assert line == "elastrain cluster: error: --timeout bounds --wait: add --wait (or drop --timeout)"

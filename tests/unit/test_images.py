@@ -112,10 +112,14 @@ def test_requirements_take_the_torch_pin_from_constraints(tmp_path: Path) -> Non
     )
     (root / "constraints.txt").write_text("# pin\ntorch==9.8.7\n")
     (root / "pyproject.toml").write_text(
-        (root / "pyproject.toml").read_text() + 'server = ["httpx"]\ndeepspeed = ["deepspeed>=0.16"]\n'
+        (root / "pyproject.toml").read_text()
+        + 'server = ["httpx"]\ndeepspeed = ["deepspeed>=0.16"]\nnotebook = ["jupyterlab>=4"]\n'
+        + 'tensorboard = ["tensorboard"]\n'
     )
     reqs = recipe.requirements(root)
-    assert reqs == ["torch>=2", "numpy", "scipy>=1.10", "httpx", "torch==9.8.7"]
+    assert reqs == [
+        "torch>=2", "numpy", "scipy>=1.10", "httpx", "jupyterlab>=4", "tensorboard", "torch==9.8.7"
+    ]  # fmt: skip
     assert recipe.extra_requirements(root, ("deepspeed",)) == ["deepspeed>=0.16"]
     with pytest.raises(ConfigError, match="no optional-dependencies extra 'gpu'"):
         recipe.extra_requirements(root, ("gpu",))

@@ -133,7 +133,46 @@ document.addEventListener("DOMContentLoaded", () => {
     return true;
   }
 
+  /** Bytes for people, in binary units as the limits are written (1.5 GiB, 820 MiB). */
+  function ibytes(n) {
+    if (n == null) return "-";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return (i === 0 || n >= 10 ? Math.round(n) : n.toFixed(1)) + "\u00a0" + units[i];
+  }
+
+  /** One container's resource figures: what is not known says so, never a made-up number. */
+  function usageRow(k) {
+    const cores = k.cpu_limit_cores;
+    const limit = cores ? ` (limit ${cores} core${cores === 1 ? "" : "s"})` : "";
+    const cpu = k.cpu_percent == null ? (k.cpu_seconds == null ? "not available" : "measuring…")
+      : `${k.cpu_percent.toFixed(1)}\u00a0%` + limit;
+    const memory = k.memory_bytes == null ? "not available"
+      : `${ibytes(k.memory_bytes)} / ${k.memory_limit_bytes == null ? "no limit" : ibytes(k.memory_limit_bytes)}`;
+    const gpu = k.gpus.length ? k.gpus.map((g) => `GPU ${g.index}: ` +
+        `${g.utilization_percent == null ? "-" : g.utilization_percent + " %"}, ` +
+        `${ibytes(g.memory_used_bytes)} / ${ibytes(g.memory_total_bytes)}`).join("; ")
+      : (k.gpu_note || "no GPUs");
+    return el("tr", { "data-container": k.name, "data-source": k.source },
+      el("td", { "data-label": "Container" }, k.name),
+      el("td", { "data-label": "CPU", class: "usage-cpu" }, cpu),
+      el("td", { "data-label": "Memory", class: "usage-memory" }, memory),
+      el("td", { "data-label": "GPU", class: "usage-gpu" }, gpu),
+      el("td", { "data-label": "Source" }, k.source, k.note ? el("span", { class: "reason" }, " " + k.note) : ""));
+  }
+
+  async function refreshUsage() {
+    if (!cluster) return true;
+    const usage = await api("GET", path + "/usage");
+    $("usage-gpu-model").textContent = usage.gpu_model ? `(${usage.gpu_model})` : "";
+    $("usage-body").replaceChildren(...usage.containers.map(usageRow));
+    return true;
+  }
+
   $("scale-open").addEventListener("click", () => { if (cluster) ScalePanel.open(cluster, refresh); });
+  // "Open JupyterLab" posts this tab's token (never in a URL) to a new tab: the lab's session cookie
+  $("lab-form").addEventListener("submit", () => { $("lab-token").value = Portal.token(); });
   $("delete-open").addEventListener("click", async () => {
     if (!(await confirmDelete(name))) return;
     try { await api("DELETE", path); location.assign("/clusters"); }
@@ -145,9 +184,12 @@ document.addEventListener("DOMContentLoaded", () => {
     try {
       const command = shellSplit($("job-command").value);
       if (!command.length) throw new Error("type the command to run, e.g. " + (cluster ? firstJob(cluster) : ""));
-      const job = await api("POST", path + "/jobs", { command });
+      const tensorboard = $("job-tensorboard").value.trim();
+      const job = await api("POST", path + "/jobs",
+        tensorboard ? { command, tensorboard_dir: tensorboard } : { command });
       location.assign("/jobs/" + job.id);
     } catch (err) { Portal.fieldError("job-command", err.message); }
   });
   Portal.poll(refresh, 1000);
+  Portal.poll(refreshUsage, 2000);
 });

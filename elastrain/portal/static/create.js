@@ -1,11 +1,12 @@
 "use strict";
 /* Create-cluster form: the server validates; a 422 names every bad field (problem details `errors`),
    and each message is shown next to its field, all at once. */
-const FIELDS = ["framework", "name", "containers", "image", "gpus", "shm", "mounts"];
+const FIELDS = ["framework", "name", "containers", "image", "gpus", "gpu-type", "shm", "mounts"];
 /** The form field of a request field (`loc` "body.NAME" or "body.NAME.INDEX"). */
 const FIELD_OF = {
   name: "name", framework: "framework", containers: "containers", min_containers: "containers",
-  max_containers: "containers", image: "image", gpus_per_container: "gpus", shm: "shm", mounts: "mounts",
+  max_containers: "containers", image: "image", gpus_per_container: "gpus", gpu_type: "gpu-type", shm: "shm",
+  mounts: "mounts",
 };
 
 /** The form field a problem's `loc` is about (null: not on the form). */
@@ -19,6 +20,7 @@ function fieldFor(message) {
   const m = message.toLowerCase();
   if (/cluster name|name:|is taken|dns label/.test(m)) return "name";
   if (/framework/.test(m)) return "framework";
+  if (/gpu_type/.test(m)) return "gpu-type";
   if (/gpus = |gpus per container|gpus_per_container/.test(m)) return "gpus";
   if (/containers must|containers:|containers \(/.test(m)) return "containers";
   if (/size|shm/.test(m)) return "shm";
@@ -75,11 +77,14 @@ document.addEventListener("DOMContentLoaded", () => {
   shmOn.addEventListener("change", sync);
   sync();
 
+  // GPU type: "any" (gpu_type null), then each model the node's inventory names (NVML's device name)
   Portal.api("GET", "/inventory").then((inv) => {
     const kind = inv.real ? "GPU (detected)" : "virtual GPU";
+    const free = `${inv.free} of ${inv.gpus} free`;
+    const models = (inv.gpu_model || "").split(", ").filter(Boolean);
     $("gpu-type").replaceChildren(
-      Portal.el("option", { value: inv.real ? "real" : "virtual" },
-                `${kind}: ${inv.free} of ${inv.gpus} free`));
+      Portal.el("option", { value: "" }, `any ${kind}: ${free}`),
+      ...models.map((model) => Portal.el("option", { value: model }, `${model}: ${free}`)));
   }).catch((err) => Portal.showError(err.message));
 
   // The image select: "default image of the framework" (value "") then every image the backend has.
@@ -133,6 +138,7 @@ document.addEventListener("DOMContentLoaded", () => {
       containers: intOrNull($("containers").value),
       image: $("image").value,
       gpus_per_container: gpuOn.checked ? intOrNull($("gpus").value) : 0,
+      gpu_type: gpuOn.checked && $("gpu-type").value ? $("gpu-type").value : null,
       shm: shmOn.checked ? $("shm").value.trim() : "64Mi",
       mounts: source ? [source + ":" + (target || "/data")] : [],
     };

@@ -1,11 +1,16 @@
 "use strict";
-/* A job: live uPlot charts of loss, samples/s and world size (resize events marked), and the log tail. */
+/* A job: live uPlot charts of loss, samples/s, world size and any other figure it reports with
+   elastrain.report() (resize events marked), its incidents (restarts for torchrun-style scripts),
+   checkpoints and the log tail. */
 document.addEventListener("DOMContentLoaded", () => {
   const { api, el, stateBadge } = Portal;
   const $ = (id) => document.getElementById(id);
   const jobId = document.body.dataset.job;
   const MAX_LOG_CHARS = 200000;
   const series = { t: [], loss: [], sps: [], world: [] };
+  const scalarNames = [];  // other figures (elastrain.report), in the order they first appeared; series["s:" + name]
+  const SCALAR_COLORS = ["#db2777", "#0891b2", "#ca8a04", "#4f46e5", "#16a34a", "#9333ea"];
+  const incidentCounts = { incidents: 0, restarts: null };
   const resizes = [];  // {t, from, to}
   let lastMetric = 0;
   let lastWorld = null;
@@ -32,7 +37,7 @@ document.addEventListener("DOMContentLoaded", () => {
   }
 
   function makeChart(id, label, key, color, stepped) {
-    const box = $(id);
+    const box = typeof id === "string" ? $(id) : id;
     const opts = {
       width: Math.max(260, box.clientWidth - 8), height: 200,
       cursor: { sync: { key: "job" } },
@@ -46,7 +51,21 @@ document.addEventListener("DOMContentLoaded", () => {
     return { chart: new uPlot(opts, [series.t, series[key]], box), key, box };
   }
 
+  function addScalarCharts() {
+    for (const name of scalarNames) {
+      if (charts.some((c) => c.key === "s:" + name)) continue;
+      const box = el("figure", { class: "chart", "aria-label": `${name} over time` }, el("figcaption", {}, name),
+        el("p", { class: "no-data note", hidden: "" }, `No ${name} reported yet.`));
+      box.dataset.scalar = name;
+      $("scalar-charts").append(box);
+      const color = SCALAR_COLORS[(scalarNames.indexOf(name)) % SCALAR_COLORS.length];
+      charts.push(makeChart(box, name, "s:" + name, color, false));
+    }
+    $("scalars-note").hidden = scalarNames.length === 0;
+  }
+
   function redraw() {
+    addScalarCharts();
     for (const c of charts) {
       c.chart.setData([series.t, series[c.key]]);
       const none = series.t.length > 0 && series[c.key].every((v) => v == null);
@@ -63,6 +82,14 @@ document.addEventListener("DOMContentLoaded", () => {
     series.t.push(Date.parse(m.at) / 1000);
     series.loss.push(m.loss);
     series.sps.push(m.samples_per_s);
+    const scalars = m.scalars || {};
+    for (const name of Object.keys(scalars)) {
+      if (!scalarNames.includes(name)) {
+        scalarNames.push(name);
+        series["s:" + name] = new Array(series.t.length - 1).fill(null);
+      }
+    }
+    for (const name of scalarNames) series["s:" + name].push(scalars[name] ?? null);
     let world = m.world_size ?? lastWorld;
     if (m.world_size != null && lastWorld != null && m.world_size !== lastWorld) {
       resizes.push({ t: Date.parse(m.at) / 1000, from: lastWorld, to: m.world_size });
@@ -104,6 +131,9 @@ document.addEventListener("DOMContentLoaded", () => {
       ["Samples/s", j.samples_per_s == null ? "-" : j.samples_per_s.toFixed(1)],
       ["World size", j.world_size ?? "-"],
     ];
+    items.push(["Incidents", incidentCounts.incidents]);
+    if (incidentCounts.restarts != null) items.push(["Restarts", incidentCounts.restarts]);
+    if (j.tensorboard_dir) items.push(["TensorBoard", el("code", {}, j.tensorboard_dir)]);
     if (j.finished_at) items.push(["Finished", formatTime(j.finished_at)], ["Exit code", j.exit_code ?? "-"]);
     $("job-summary").replaceChildren(...items.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v instanceof Node ? v : String(v))]));
     $("job-cancel").hidden = j.status !== "Running";
@@ -128,6 +158,36 @@ document.addEventListener("DOMContentLoaded", () => {
     $("checkpoints-body").replaceChildren(...rows.map(checkpointRow));
   }
 
+  function seconds(value) {
+    return value == null ? "-" : Number(value).toFixed(3) + " s";
+  }
+
+  function incidentRow(i, at) {
+    const scripts = i.cause === "start" ? "started" : i.restarted === true ? "restarted"
+      : i.restarted === false ? "started" : "resized live";
+    return el("tr", { "data-generation": String(i.generation) },
+      el("td", { "data-label": "Generation" }, String(i.generation)),
+      el("td", { "data-label": "Cause" }, String(i.cause).replace(/_/g, " ")),
+      el("td", { "data-label": "World size" }, String(i.world_size)),
+      el("td", { "data-label": "Steps lost" }, String(i.steps_lost ?? "-")),
+      el("td", { "data-label": "Detect" }, seconds(i.detect_s)),
+      el("td", { "data-label": "Pause" }, seconds(i.recover_s)),
+      el("td", { "data-label": "Scripts" }, scripts),
+      el("td", { "data-label": "Formed" }, formatTime(i.formed_at || at)));
+  }
+
+  async function incidents() {
+    const events = await api("GET", `/jobs/${jobId}/events`);
+    const found = events.filter((e) => e.action === "job.incident");
+    const details = found.map((e) => e.detail);
+    incidentCounts.incidents = details.filter((i) => i.cause !== "start").length;
+    const restartMode = details.some((i) => i.restarted != null);
+    incidentCounts.restarts = restartMode ? details.filter((i) => i.restarted === true).length : null;
+    $("incidents-empty").hidden = found.length > 0;
+    $("incidents-table").hidden = found.length === 0;
+    $("incidents-body").replaceChildren(...found.map((e) => incidentRow(e.detail, e.at)));
+  }
+
   async function refresh() {
     let job;
     try {
@@ -147,8 +207,8 @@ document.addEventListener("DOMContentLoaded", () => {
         makeChart("chart-world", "world size", "world", "#7c3aed", true),
       ];
     }
+    await Promise.all([metrics(), logs(), checkpoints(), incidents()]);
     showJob(job);
-    await Promise.all([metrics(), logs(), checkpoints()]);
     if (job.status !== "Running" && job.status !== "Pending") {
       if (finished) return false;  // one more round after the end, to catch the last lines
       finished = true;
