@@ -387,7 +387,17 @@ def test_simulate_prints_a_line_per_tenth_with_the_simulated_time(
 
 def test_simulate_timeout_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = _trace(tmp_path, 200)
-    argv = ["simulate", "--trace", str(trace), "--gpus", "4", "--repeat", "500", "--compare", "static,elastic"]
+    argv = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--gpus",
+        "4",
+        "--repeat",
+        "500",
+        "--compare",
+        "static,elastic",
+    ]
     t0 = time.monotonic()
     code = main([*argv, "--no-progress", "--timeout", "0.2"])
     captured = capsys.readouterr()
