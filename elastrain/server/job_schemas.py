@@ -29,7 +29,8 @@ SCALAR_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"
 MAX_SCALARS = 32
 Scalars = Annotated[
     dict[
-        Annotated[str, StringConstraints(pattern=SCALAR_NAME)], Annotated[float, Field(allow_inf_nan=False)]
+        Annotated[str, StringConstraints(pattern=SCALAR_NAME)],
+        Annotated[float, Field(allow_inf_nan=False, strict=True)],  # strict: no true/false, no "1"
     ],
     Field(max_length=MAX_SCALARS),
     WithJsonSchema(
@@ -157,7 +158,7 @@ class JobIncident(Body):
     first_step_at: EpochSeconds | None = Field(
         default=None, description="when the new generation completed its first step"
     )
-    restarted: bool | None = Field(
+    restarted: Annotated[bool, Field(strict=True)] | None = Field(  # strict: not 0/1 or "yes"
         default=None,
         description="restart mode (a torchrun-style script): the scripts were restarted for this generation",
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from elastrain.agent.services import LAB_TOKEN_ENV
 from elastrain.backends import container as container_module
 from elastrain.backends import podmanctl
 from elastrain.backends.api import ContainerSpec
@@ -107,10 +108,12 @@ def test_the_secret_values_go_to_podmans_environment(
     monkeypatch.setattr(backend, "_inspect", lambda name: None)
     monkeypatch.setattr(backend, "_prepare_cluster", lambda spec: "n0de-secret-value")
     monkeypatch.setattr(backend, "_refresh_hosts", lambda cluster: None)
+    monkeypatch.setattr(container_module, "cluster_lab_token", lambda base: "l4b-token-value")
     backend.create_container(_spec())
     (run,) = [r for r in ran if r["args"][:1] == ("run",)]
-    assert run["env"] == {"ELASTRAIN_NODE_SECRET": "n0de-secret-value"}
+    assert run["env"] == {"ELASTRAIN_NODE_SECRET": "n0de-secret-value", LAB_TOKEN_ENV: "l4b-token-value"}
     assert "n0de-secret-value" not in " ".join(run["args"])
+    assert "l4b-token-value" not in " ".join(run["args"])  # the launcher's JupyterLab token too
 
     seen: list[dict[str, Any]] = []
     monkeypatch.setattr(
