@@ -83,6 +83,7 @@ def job_out(job: Job, cluster: str) -> schemas.JobOut:
         loss=job.loss,
         samples_per_s=job.samples_per_s,
         world_size=job.world_size,
+        tensorboard_dir=job.tensorboard_dir,
         created_at=aware(job.created_at) or job.created_at,
         finished_at=aware(job.finished_at),
     )

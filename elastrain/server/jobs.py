@@ -116,7 +116,7 @@ class JobService:
             add_event(
                 session, user.name, EventAction.job_submitted, name, user.id, job=job.id, command=req.command
             )
-            return _out(job, cluster.name)
+            return job_out(job, cluster.name)
 
     def _new_job(
         self, session: Session, cluster: Cluster, launcher: str, user: User, command: list[str], token: str
@@ -203,14 +203,14 @@ class JobService:
     def get(self, user: User, job_id: int) -> schemas.JobOut:
         """One job."""
         with self.db.session() as session:
-            return _out(*self._job(session, user, job_id))
+            return job_out(*self._job(session, user, job_id))
 
     def list(self, user: User, cluster: str | None = None) -> list[schemas.JobOut]:
         """The caller's jobs (optionally of one cluster)."""
         with self.db.session() as session:
             only = self._cluster(session, user, cluster) if cluster else None
             names = {c.id: c.name for c in session.scalars(select(Cluster))}
-            return [_out(j, names.get(j.cluster_id, "?")) for j in visible_jobs(session, user, only)]
+            return [job_out(j, names.get(j.cluster_id, "?")) for j in visible_jobs(session, user, only)]
 
     def logs(self, user: User, job_id: int, offset: int) -> tuple[bytes, int, str]:
         """Log bytes from `offset`, the next offset and the job's status."""
@@ -239,7 +239,7 @@ class JobService:
                     )
                 job.status, job.finished_at = JobStatus.Cancelled, utcnow()
                 add_event(session, user.name, EventAction.job_cancelled, cluster, user.id, job=job.id)
-            return _out(job, cluster)
+            return job_out(job, cluster)
 
     def report(self, job_id: int, token: str, progress: schemas.JobProgress) -> None:
         """Record a progress report (authenticated by the job's own report token)."""
@@ -366,8 +366,3 @@ class JobService:
         cut = data.rfind(b"\n") + 1
         self._offsets[job.id] = offset + cut
         self._record(session, job, progress_values(data[:cut].decode(errors="replace")))
-
-
-def _out(job: Job, cluster: str) -> schemas.JobOut:
-    """The API view of a job row, with its TensorBoard directory."""
-    return job_out(job, cluster).model_copy(update={"tensorboard_dir": job.tensorboard_dir})
