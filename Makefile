@@ -104,15 +104,12 @@ test-fast: lint
 audit: install
 	$(PY) scripts/audit_deps.py
 
-# the fast lane first (a failure there stops `make test` within minutes), then the second lane: its two
-# parts run even when the first of them fails, and either failing fails `make test`
+# the fast lane first (a failure there stops `make test` within minutes), then the second lane
+# (scripts/test_lane2.sh: balanced shares of it run at once, then the load-sensitive `serial` tests alone;
+# LANE2_SHARDS=1 runs it in one process); any failure in it fails `make test`
 test: test-fast audit portal-deps slurm-deps container-deps postgres-deps
-	@status=0; \
-	  echo "== $(REST_TESTS)"; \
-	  $(PYTEST) --durations=25 $(REST_TESTS) || status=1; \
-	  echo "== $(FAST_TESTS): -m '$(LANE2_RUN)'"; \
-	  $(PYTEST) --durations=10 -m "$(LANE2_RUN)" $(FAST_TESTS) || [ $$? = 5 ] || status=1; \
-	  exit $$status
+	PYTEST="$(PYTEST)" ELASTRAIN="$(VENV)/bin/elastrain" REST_TESTS="$(REST_TESTS)" FAST_TESTS="$(FAST_TESTS)" LANE2_RUN="$(LANE2_RUN)" \
+	  scripts/test_lane2.sh
 
 # 50 random faults (seeded: SEED=N reproduces a schedule) in one long run of the example; not in `make test`
 SEED ?= $(shell date +%s)

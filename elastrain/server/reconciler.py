@@ -301,7 +301,6 @@ class Reconciler:
             )
             session.add(row)
             cluster.next_index = max(cluster.next_index or 0, worker_index(d.container) + 1)
-            session.commit()  # the row exists before the process: a crash in between is adopted
             add_event(
                 session,
                 ACTOR,
@@ -312,6 +311,9 @@ class Reconciler:
                 address=d.address,
                 gpus=list(d.gpu_ids),
             )
+            # the row exists before the process (a crash in between is adopted), and nothing is written
+            # while the backend starts it: SQLite's one write lock is free for the API meanwhile
+            session.commit()
             self._start(session, cluster, row)
         elif row is None:
             return

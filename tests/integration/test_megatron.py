@@ -109,7 +109,7 @@ def fixed_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return Run(text, workdir / "samples")
 
 
-@pytest.mark.timeout(90, func_only=True)
+@pytest.mark.timeout(180, func_only=True)
 def test_tp2_dp1_under_torchrun_trains(fixed_run: Run) -> None:
     out = fixed_run.output
     losses = fixed_run.losses()
@@ -143,7 +143,7 @@ def _first_steps(output: str, dp: int) -> list[float]:
     return [float(t) for t in re.findall(rf"first step dp={dp} restart=\d+ t=([\d.]+)", output)]
 
 
-@pytest.mark.timeout(90, func_only=True)
+@pytest.mark.timeout(180, func_only=True)
 def test_elastic_dp_grows_and_shrinks_exactly_once(elastic_job, tmp_path: Path, fixed_run: Run) -> None:
     samples = tmp_path / "samples"
     job: ElasticJob = elastic_job(

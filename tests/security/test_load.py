@@ -33,7 +33,7 @@ import pytest
 from elastrain.backends.procs import cmdline, terminate
 from tests.security.harness import Server, start_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(420)]
 DURATION_S = float(os.environ.get("ELASTRAIN_LOAD_SECONDS", "60"))
 TENANTS = 50
 LATENCY_BOUND_S = 1.0
