@@ -8,7 +8,9 @@
 # Cache: $ELASTRAIN_K8S_DIR, else /var/cache/elastrain/k8s as root, else
 # ${XDG_CACHE_HOME:-~/.cache}/elastrain/k8s (= elastrain.testing.k8s.cache_dir). Layout: bin/ (the
 # binaries), VERSION (the Debian source version). Build tools (golang-go, rsync, jq, dpkg-dev, curl)
-# and Debian's etcd-server are installed with apt-get when missing and running as root. The source
+# and Debian's etcd-server are installed with apt-get when missing and running as root; so is what the
+# test node (elastrain.testing.k8s_node: the kubelet's pods) runs on, even when the build is reused:
+# containerd, runc, containernetworking-plugins, dnsmasq-base, catatonit, iproute2. The source
 # comes from `apt-get source` where deb-src lines exist, else as .dsc + files from the Debian mirror
 # of /etc/apt's sources (dpkg-source checks the checksums the .dsc lists). The compile runs with
 # `nice -n ${K8S_NICE:-15}`; its log stays in the cache dir (build.log).
@@ -18,6 +20,20 @@ elif [ "$(id -u)" = 0 ]; then CACHE=/var/cache/elastrain/k8s
 else CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/elastrain/k8s; fi
 BINS="kube-apiserver kube-scheduler kube-controller-manager kubelet"
 have_all() { for b in $BINS; do [ -x "$CACHE/bin/$b" ] || return 1; done; }
+node=()
+for t in containerd:containerd runc:runc dnsmasq:dnsmasq-base catatonit:catatonit ip:iproute2; do
+    command -v "${t%%:*}" >/dev/null || [ -x "/usr/sbin/${t%%:*}" ] || node+=("${t#*:}")
+done
+[ -x /usr/lib/cni/bridge ] || [ -x /opt/cni/bin/bridge ] || node+=(containernetworking-plugins)
+if [ ${#node[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -q >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${node[@]}" >&2 ||
+            echo "k8s_build: could not install ${node[*]}: pods will not run in make test-k8s" >&2
+    else
+        echo "k8s_build: missing ${node[*]} (apt-get install them as root): pods will not run" >&2
+    fi
+fi
 if have_all; then echo "k8s_build: reusing $CACHE/bin ($(cat "$CACHE/VERSION" 2>/dev/null))" >&2; echo "$CACHE"; exit 0; fi
 
 need=()

@@ -59,6 +59,7 @@ class ContainerStatus:
     ready: bool
     address: str = ""
     exit_reason: str = ""  # for a container that ended: its exit code and last log lines
+    waiting_reason: str = ""  # for an alive container not ready yet: why, if the backend knows (optional)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,12 @@ pods (`elastrain.backends.kubernetes_watch`), read by `list_containers`; a resta
 pods it finds by label. Commands run through the pod exec API (`elastrain.backends.kubernetes_exec`).
 
 What a pod's state means (`elastrain.backends.kubernetes_status`): a pod that fails, is evicted or is
-deleted by someone else is a failed container (a node failure the job survives); a pod the scheduler
-cannot place (e.g. not enough ``nvidia.com/gpu``) stays Pending for `unschedulable_grace_s`, is then
-deleted and reported as failed with the scheduler's reason (``elastrain cluster logs`` shows that
-reason meanwhile).
+deleted by someone else is a failed container (a node failure the job survives); a pod not running yet
+is reported alive with why it waits (`ContainerStatus.waiting_reason`: the scheduler's reason, e.g.
+``0/3 nodes are available: 3 Insufficient nvidia.com/gpu.``, or the kubelet's, e.g. ``ErrImagePull``),
+which the reconciler makes the Pending cluster's reason and ``elastrain cluster logs`` shows. With
+`unschedulable_grace_s` set, a pod the scheduler cannot place is deleted after that long and reported
+as failed with the scheduler's reason; by default it stays Pending until it fits.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class KubernetesBackend(Backend):
         api_url: str = "",
         cluster_domain: str = "cluster.local",
         stop_timeout_s: int = 10,
-        unschedulable_grace_s: float = 60.0,
+        unschedulable_grace_s: float | None = None,
     ) -> None:
         """`server_key` labels this server's objects (one namespace may hold several servers' pods);
         `api_url` is the elastrain API as pods reach it (default: the URL the server was given)."""
@@ -173,12 +175,20 @@ class KubernetesBackend(Backend):
     def _status(self, pod: Pod) -> ContainerStatus:
         state = pod_state(pod)
         uid = pod["metadata"].get("uid", "")
-        if state.unschedulable:
+        if state.unschedulable and self.unschedulable_grace_s is not None:
             since = self._unschedulable_since.setdefault(uid, time.monotonic())
             if time.monotonic() - since >= self.unschedulable_grace_s:
                 return self._give_up(pod, f"{state.waiting_reason} (for {self.unschedulable_grace_s:g} s)")
         if state.alive:
-            return ContainerStatus(state.cluster, state.name, None, True, state.ready, state.name)
+            return ContainerStatus(
+                state.cluster,
+                state.name,
+                None,
+                True,
+                state.ready,
+                state.name,
+                waiting_reason=state.waiting_reason,
+            )
         reason = self._reasons.get(uid)
         if reason is None:
             reason = self._reasons[uid] = f"{state.ended_reason}; last lines: {self._log_tail(state.name)}"
@@ -251,7 +261,8 @@ class KubernetesBackend(Backend):
     def container_path(self, cluster: str, name: str, path: str) -> Path:
         """Job logs (/var/log/jobs) are kept on this machine: the exec stream writes them here."""
         if path == JOBS_DIR or path.startswith(JOBS_DIR + "/"):
-            return self.root / cluster / "jobs" / path[len(JOBS_DIR) :].lstrip("/")
+            jobs = private_dir(self.root / cluster / "jobs")  # the pod has its own; this copy is made here
+            return jobs / path[len(JOBS_DIR) :].lstrip("/")
         raise ValueError(f"{path} is inside the pod only; it has no copy on this machine")
 
     def path_inside(self, cluster: str, name: str, path: str) -> str:
@@ -284,7 +295,12 @@ class KubernetesBackend(Backend):
     ) -> subprocess.Popen[bytes]:
         """Run `command` in the pod through the exec API (a helper process relays it); secrets in
         ``spec.env`` reach the helper through its environment, never its argv."""
-        argv = [*self._helper_argv(spec, spec.env, tty=False), "--", *command]
+        argv = [
+            *self._helper_argv(spec, spec.env, tty=False),
+            *self._exit_file(spec, command),
+            "--",
+            *command,
+        ]
         env = {**os.environ, **secret_env(spec.env)}
         kwargs: dict[str, Any] = {"stdin": subprocess.DEVNULL, "start_new_session": True, "env": env}
         if log_path is None:
@@ -296,6 +312,16 @@ class KubernetesBackend(Backend):
             self._helpers = {p: h for p, h in self._helpers.items() if h[1].poll() is None}
             self._helpers[proc.pid] = (spec.cluster, proc)
         return proc
+
+    def _exit_file(self, spec: ContainerSpec, command: list[str]) -> list[str]:
+        """``--exit-file`` for a job's command (run under jobrun, which writes its exit code in the pod):
+        the helper writes it to this machine's copy of the job directory too, where the server reads it."""
+        if "elastrain.backends.jobrun" not in command[:3] or "--exit-file" not in command:
+            return []
+        index = command.index("--exit-file") + 1
+        if index >= len(command) or not command[index].startswith(JOBS_DIR + "/"):
+            return []
+        return ["--exit-file", str(self.container_path(spec.cluster, spec.name, command[index]))]
 
     def terminal_command(self, spec: ContainerSpec, env: dict[str, str]) -> list[str] | None:
         """An interactive bash in the pod (exec API with a tty); secret values of `env` are named only."""

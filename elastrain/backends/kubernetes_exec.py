@@ -1,10 +1,11 @@
 """Commands in pods through the pod exec API (a websocket to the API server; no kubectl).
 
 ``python -m elastrain.backends.kubernetes_exec --namespace NS --pod P [--kubeconfig F] [--tty]
-[--env KEY=VALUE | --env KEY]... -- COMMAND...`` runs COMMAND in the pod's node container, in the
-tenant's home, and relays its output (stdout and stderr) and exit code: the `subprocess.Popen` the
-`Backend` ABC returns from ``exec`` is this process. ``--env KEY`` alone takes the value from this
-process's environment, so a token never shows in this machine's ``ps`` (as with ``podman exec``).
+[--env KEY=VALUE | --env KEY]... [--exit-file F] -- COMMAND...`` runs COMMAND in the pod's node
+container, in the tenant's home, and relays its output (stdout and stderr) and exit code (also to F:
+a job's exit file on this machine): the `subprocess.Popen` the `Backend` ABC returns from ``exec`` is
+this process. ``--env KEY`` alone takes the value from this process's environment, so a token never
+shows in this machine's ``ps`` (as with ``podman exec``).
 With ``--tty`` it relays its own terminal (the portal's pty) both ways. An exec the API refuses (the pod
 not running yet, no such pod, RBAC) prints one line and exits with 126.
 
@@ -178,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", type=Path)
     parser.add_argument("--tty", action="store_true")
     parser.add_argument("--env", action="append", default=[])
+    parser.add_argument(
+        "--exit-file", type=Path, help="also write the exit code here (a job's, on this machine)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -197,9 +201,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"elastrain: cannot run a command in pod {args.pod}: {exec_failure(exc)}", file=sys.stderr)
         return CANNOT_EXEC
     try:
-        return _relay_tty(ws) if args.tty else _relay(ws)
+        code = _relay_tty(ws) if args.tty else _relay(ws)
+    except SystemExit as stopped:  # SIGTERM: the command was stopped
+        write_exit_file(args.exit_file, stopped.code if isinstance(stopped.code, int) else 1)
+        raise
     finally:
         ws.close()
+    write_exit_file(args.exit_file, code)
+    return code
+
+
+def write_exit_file(path: Path | None, code: int) -> None:
+    """Write `code` to `path` atomically (0600, never through a symbolic link), as jobrun does in the
+    pod: the server reads a job's exit code from this machine's copy of the job directory."""
+    if path is None:
+        return
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{code}\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

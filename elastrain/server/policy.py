@@ -190,7 +190,14 @@ def _plan_cluster(
             else:
                 continue
             out.append(Decision(Action.remove, cluster.name, row.name, reason=why))
-    out += _scale(cluster, live, running, pool, inventory, named_hosts)
+    waiting = [
+        f"{row.name}: {status.waiting_reason}"
+        for row in live.values()
+        if row.name not in running
+        and (status := actual.get((cluster.name, row.name)))
+        and status.waiting_reason
+    ]  # why Pending containers wait, where the backend says (Kubernetes: the scheduler's reason)
+    out += _scale(cluster, live, running, pool, inventory, named_hosts, waiting[:1])
     return out
 
 
@@ -214,8 +221,10 @@ def _scale(
     pool: _Pool,
     inventory: Inventory,
     named_hosts: bool = False,
+    waiting: list[str] | None = None,
 ) -> list[Decision]:
-    """Add or drain containers toward the desired count (GPU-gated), then hostfile and cluster state."""
+    """Add or drain containers toward the desired count (GPU-gated), then hostfile and cluster state
+    (a cluster not up yet is Pending with the first of `waiting`, why its containers wait, if any)."""
     out: list[Decision] = []
     kept_failed = [
         k for k in cluster.containers
@@ -274,7 +283,7 @@ def _scale(
     )
     state = ClusterState.Running if up else ClusterState.Pending
     if not reason and not up:
-        reason = "starting containers"
+        reason = waiting[0] if waiting else "starting containers"
     if state != cluster.state or reason != cluster.reason:
         out.append(Decision(Action.set_cluster_state, cluster.name, state=state, reason=reason))
     return out

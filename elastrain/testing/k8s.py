@@ -8,7 +8,8 @@ here: without them `KubeControlPlane()` raises `ToolMissing`, which a fixture tu
 The API server serves TLS with a self-signed certificate (openssl; SAN 127.0.0.1 and localhost) and
 authenticates bearer tokens from a static token file: ``admin`` (group ``system:masters``) and
 ``nobody`` (no role bound: every request is forbidden by RBAC). `kubeconfig_for` writes a kubeconfig
-for either. `stop()` ends every process by PID and removes the directory.
+for either. `stop()` ends every process by PID and removes the directory. No node: pods are scheduled
+(or not) but run only where a `elastrain.testing.k8s_node.KubeNode` (kubelet + containerd) joins.
 """
 
 from __future__ import annotations
@@ -92,11 +93,16 @@ class KubeControlPlane:
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=self.root)
 
     def _write_credentials(self) -> None:
-        """The serving certificate, the service-account key pair and the static token file."""
+        """The serving certificate, the client certificate the API server shows kubelets (a node trusts
+        it alone), the service-account key pair and the static token file."""
         self._openssl(
             "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
             "-keyout", "serving.key", "-out", "serving.crt", "-subj", "/CN=elastrain-test-apiserver",
             "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        )  # fmt: skip
+        self._openssl(
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", "kubelet-client.key",
+            "-out", "kubelet-client.crt", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
         )  # fmt: skip
         self._openssl("genrsa", "-out", "sa.key", "2048")
         self._openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
@@ -153,6 +159,9 @@ class KubeControlPlane:
                 f"--service-account-key-file={r / 'sa.pub'}",
                 f"--service-account-signing-key-file={r / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc", "--allow-privileged=true",
+                "--kubelet-preferred-address-types=InternalIP",  # a test node's name does not resolve
+                f"--kubelet-client-certificate={r / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={r / 'kubelet-client.key'}",
             ],
         )  # fmt: skip
         self.wait_ready()
@@ -173,7 +182,8 @@ class KubeControlPlane:
         self.wait_namespace_ready("default")
 
     # --- waiting -----------------------------------------------------------------------------------
-    def _get(self, path: str, token: str | None = None) -> tuple[int, bytes]:
+    def get(self, path: str, token: str | None = None) -> tuple[int, bytes]:
+        """GET `path` of the API server as the admin (or `token`): (status, body); 0 unreachable."""
         context = ssl.create_default_context(cafile=str(self.root / "serving.crt"))
         request = urllib.request.Request(
             self.url + path, headers={"Authorization": f"Bearer {token or self.admin.token}"}
@@ -204,7 +214,7 @@ class KubeControlPlane:
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         """Wait until the API server's /readyz answers 200 (a component exiting fails at once)."""
         wait_until(
-            lambda: self._get("/readyz")[0] == 200,
+            lambda: self.get("/readyz")[0] == 200,
             timeout,
             "kube-apiserver /readyz",
             interval=0.2,
@@ -214,7 +224,7 @@ class KubeControlPlane:
     def wait_namespace_ready(self, namespace: str, timeout: float = START_TIMEOUT_S) -> None:
         """Wait until `namespace` has its ``default`` service account (pods can then be created)."""
         wait_until(
-            lambda: self._get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200,
+            lambda: self.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200,
             timeout,
             f"the default service account of namespace {namespace}",
             interval=0.2,

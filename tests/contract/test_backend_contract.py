@@ -5,8 +5,8 @@ Parametrised over the in-memory backend (`elastrain.backends.fake`), the process
 container backend (podman; skipped where podman cannot run containers or no elastrain image is built:
 ``make image``), the Slurm backend (the private cluster of ``tests/slurm``; skipped without
 slurm-wlm) and the Kubernetes backend (the private control plane of ``tests/k8s``; skipped without
-``make k8s-deps``; no kubelet runs pods there, so the cases that need a running container skip with
-that reason). The fake and process parts take a few seconds.
+``make k8s-deps``; the cases that need a running container skip where its kubelet node cannot
+run). The fake and process parts take a few seconds.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ import pytest
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, ImageEntry
 from elastrain.backends.local import HOSTFILE_PATH
 from elastrain.server.reconciler import tenant_uid
-from tests.k8s.conftest import NO_KUBELET, k8s_namespace, kube_plane  # noqa: F401 - the kubernetes case's
+from tests.k8s.conftest import (
+    NO_KUBELET,
+    _session_node,  # noqa: F401 - the kubernetes case's fixtures
+    k8s_namespace,  # noqa: F401
+    kube_plane,  # noqa: F401
+    node_runs_pods,
+)
 from tests.slurm.conftest import slurm_cluster  # noqa: F401 - the Slurm parametrisation's fixture
 
 pytestmark = pytest.mark.timeout(180)
@@ -41,6 +47,8 @@ class Subject:
     worker: ContainerSpec
     ready_s: float  # how long a container may take to become ready
     runs_pods: bool = True  # False: containers are created but never run (Kubernetes without a kubelet)
+    file_delay_s: float = 0.0  # how long a written file may take to show in the containers (Kubernetes:
+    # the kubelet projects a ConfigMap into pods at its next sync of each pod)
 
 
 def _specs(image: str, cluster: str) -> tuple[ContainerSpec, ContainerSpec]:
@@ -128,7 +136,9 @@ def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]
     backend, image, ready_s = BACKENDS[request.param](tmp_path, request)
     launcher, worker = _specs(image, f"ct{secrets.token_hex(3)}")
     try:
-        yield Subject(backend, launcher, worker, ready_s, runs_pods=request.param != "kubernetes")
+        runs_pods = request.param != "kubernetes" or node_runs_pods(request)  # a kubelet node here
+        delay = 60.0 if request.param == "kubernetes" else 0.0
+        yield Subject(backend, launcher, worker, ready_s, runs_pods=runs_pods, file_delay_s=delay)
     finally:
         backend.delete_cluster(launcher.cluster, launcher.cluster_uid)
         backend.close()
@@ -202,13 +212,24 @@ def test_a_written_file_is_seen_in_every_container(subject: Subject) -> None:
     _started(subject, launcher, worker)
     backend.write_cluster_file(launcher.cluster, HOSTFILE_PATH, HOSTFILE)
     for spec in (launcher, worker):
-        path = backend.path_inside(spec.cluster, spec.name, HOSTFILE_PATH)
-        assert _run(backend, spec, ["cat", path]) == (0, HOSTFILE)
+        _sees(subject, spec, HOSTFILE)
     on_disk = backend.hostfile_path(launcher.cluster)
     assert on_disk is None or on_disk.read_text() == HOSTFILE
     backend.write_cluster_file(launcher.cluster, HOSTFILE_PATH, HOSTFILE + "# again\n")  # rewritten
-    path = backend.path_inside(launcher.cluster, launcher.name, HOSTFILE_PATH)
-    assert _run(backend, launcher, ["cat", path]) == (0, HOSTFILE + "# again\n")
+    _sees(subject, launcher, HOSTFILE + "# again\n")
+
+
+def _sees(subject: Subject, spec: ContainerSpec, text: str) -> None:
+    """`spec`'s container reads `text` at the hostfile's path (within `file_delay_s`)."""
+    path = subject.backend.path_inside(spec.cluster, spec.name, HOSTFILE_PATH)
+    seen: list[tuple[int, str]] = []
+
+    def check() -> bool:
+        seen.append(_run(subject.backend, spec, ["cat", path]))
+        return seen[-1] == (0, text)
+
+    if not check():
+        _until(check, subject.file_delay_s, f"{spec.name} to read {text!r}, read {seen[-1]!r}")
 
 
 def test_exec_returns_the_output_and_the_exit_code(subject: Subject, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The Kubernetes backend against a real API server, scheduler and garbage collector (no kubelet: pods
-are scheduled or refused, watched, scaled and deleted, but none runs; see conftest)."""
+"""The Kubernetes backend against a real API server, scheduler and garbage collector, with pods that do
+not run (the session's node, if any, is cordoned: `cordoned`): pods are refused by the scheduler,
+watched, scaled and deleted. Running pods: test_kubernetes_pods.py."""
 
 from __future__ import annotations
 
@@ -16,10 +17,9 @@ from elastrain.hostfile import Host, Hostfile, render_hostfile
 from elastrain.testing.k8s import KubeControlPlane, KubeUser
 from elastrain.testing.ports import free_port
 from elastrain.testing.waits import wait_until
-from tests.k8s.conftest import admin_core, make_backend, namespace_objects
+from tests.k8s.conftest import IMAGE, admin_core, make_backend, namespace_objects
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(180)]
-IMAGE = "localhost/elastrain-pytorch:latest"
 
 
 def _spec(cluster: str, name: str, role: str = "worker", gpus: int = 0) -> ContainerSpec:
@@ -56,6 +56,7 @@ def _scheduler_verdict(pods: list[dict[str, Any]], names: set[str]) -> bool:
     return names <= seen
 
 
+@pytest.mark.usefixtures("cordoned")
 def test_cluster_flow_pods_hostfile_scale_failure_and_delete(
     kube_plane: KubeControlPlane, k8s_namespace: str, tmp_path: Path
 ) -> None:
@@ -76,10 +77,11 @@ def test_cluster_flow_pods_hostfile_scale_failure_and_delete(
         service = core.read_namespaced_service(f"elastrain-{cluster}", k8s_namespace)
         assert service.spec.cluster_ip == "None"
 
-        # the scheduler's decision reaches the backend through its watch: no node, so Pending
+        # the scheduler's decision reaches the backend through its watch: no node takes pods, so Pending
         assert backend.pods.wait_for(lambda ps: _scheduler_verdict(ps, set(names)), 30)
         launcher = _find(backend, names[0])
         assert launcher is not None and launcher.alive and not launcher.ready
+        assert launcher.waiting_reason.startswith("not scheduled: ")
         first = next(iter(backend.logs(cluster, names[0])))
         assert first.startswith(f"elastrain: pod {names[0]} is Pending: not scheduled: ")
 
@@ -176,6 +178,7 @@ def test_a_restarted_server_adopts_its_pods_by_label_only(
             again.close()
 
 
+@pytest.mark.usefixtures("cordoned")
 def test_exec_in_a_pod_that_does_not_run_says_why(
     kube_plane: KubeControlPlane, k8s_namespace: str, tmp_path: Path
 ) -> None:

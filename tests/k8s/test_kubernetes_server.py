@@ -1,6 +1,7 @@
 """`elastrain server --backend kubernetes` against the private API server: a cluster's pods are created,
 scaled and deleted through the REST API; a pod deleted behind the server's back is reported; start-up
-refusals are one line. No kubelet runs (see conftest): pods stay Pending with the scheduler's reason."""
+refusals are one line. The node, if any, is cordoned (see conftest): pods stay Pending with the
+scheduler's reason. Running pods through the server: test_kubernetes_pods.py."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def _pods(plane: KubeControlPlane, namespace: str) -> list[str]:
     return sorted(p.metadata.name for p in admin_core(plane).list_namespaced_pod(namespace).items)
 
 
+@pytest.mark.usefixtures("cordoned")
 def test_cluster_lifecycle_through_the_server(
     kube_plane: KubeControlPlane, k8s_namespace: str, tmp_path: Path
 ) -> None:
@@ -40,6 +42,11 @@ def test_cluster_lifecycle_through_the_server(
             wait_until(lambda: _pods(kube_plane, k8s_namespace) == two, 60, "two pods")
             cluster = c.get_cluster(name)
             assert cluster.state == "Pending" and {k.state for k in cluster.containers} == {"Pending"}
+            # the cluster's reason is the scheduler's (the pods wait; none is failed meanwhile)
+            pending = c.wait_cluster(name, lambda k: "not scheduled: " in (k.reason or ""), timeout=30)
+            assert pending.state == "Pending" and pending.reason.startswith(
+                f"{name}-launcher: not scheduled: "
+            )
             logs = wait_until(
                 lambda: (text := c.container_logs(name)) and "not scheduled" in text and text,
                 30,

@@ -4,6 +4,7 @@ exec helper's argv, and how the pod cache applies watch events (no API server ne
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -231,3 +232,13 @@ def test_pod_cache_applies_watch_events_and_reports_pods_deleted_by_others() -> 
     cache._apply({"type": "MODIFIED", "object": mine})
     cache._apply({"type": "DELETED", "object": mine})
     assert cache.pods() == [] and gone == ["demo-launcher"]
+
+
+def test_exec_helper_writes_a_jobs_exit_code_atomically(tmp_path: Path) -> None:
+    from elastrain.backends.kubernetes_exec import write_exit_file
+
+    target = tmp_path / "1.exit"
+    write_exit_file(target, 3)
+    write_exit_file(None, 4)  # no exit file asked for: nothing
+    assert target.read_text() == "3\n" and oct(target.stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1.exit"]
