@@ -264,7 +264,14 @@ class LocalBackend(Backend):
         none, whatever its command line says)."""
         if not spec.cluster_uid or pid <= 1 or pid == os.getpid():
             return False
-        return has_env(pid, CONTAINER_UID_ENV, f"{spec.cluster_uid}/{spec.name}")
+        for attempt in range(4):
+            if has_env(pid, CONTAINER_UID_ENV, f"{spec.cluster_uid}/{spec.name}"):
+                return True
+            if attempt == 3 or not pid_alive(pid):
+                return False
+            # read again: a process in the middle of an execve shows an empty or partly copied environment
+            time.sleep(0.01)
+        return False
 
     def own_pid(self, spec: ContainerSpec, pid: int) -> int | None:
         """`pid` when it is a process of the container, else None (a client names any pid it likes)."""
