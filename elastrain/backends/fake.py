@@ -28,7 +28,7 @@ from pathlib import Path
 
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus
 from elastrain.backends.local import CLUSTER_UID_ENV, CONTAINER_UID_ENV
-from elastrain.backends.procs import has_env, host_env, pids_with_env, start_in_session
+from elastrain.backends.procs import has_env_settled, host_env, pids_with_env, start_in_session
 from elastrain.backends.usage import ContainerUsage, processes_usage
 from elastrain.hostfile import atomic_write_text
 
@@ -191,7 +191,7 @@ class FakeBackend(Backend):
         """`pid` when it is a live process started in the container (its uid marker), else None."""
         if pid <= 1 or pid == os.getpid():
             return None
-        return pid if has_env(pid, CONTAINER_UID_ENV, f"{spec.cluster_uid}/{spec.name}") else None
+        return pid if has_env_settled(pid, CONTAINER_UID_ENV, f"{spec.cluster_uid}/{spec.name}") else None
 
     def stop_processes(
         self, spec: ContainerSpec, env_key: str, env_value: str, pid: int | None, signum: int

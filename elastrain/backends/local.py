@@ -33,7 +33,7 @@ from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus, Moun
 from elastrain.backends.filemodes import open_private_append, private_dir
 from elastrain.backends.procs import (
     cmdline,
-    has_env,
+    has_env_settled,
     host_env,
     pid_alive,
     pids_with_args,
@@ -264,14 +264,7 @@ class LocalBackend(Backend):
         none, whatever its command line says)."""
         if not spec.cluster_uid or pid <= 1 or pid == os.getpid():
             return False
-        for attempt in range(4):
-            if has_env(pid, CONTAINER_UID_ENV, f"{spec.cluster_uid}/{spec.name}"):
-                return True
-            if attempt == 3 or not pid_alive(pid):
-                return False
-            # read again: a process in the middle of an execve shows an empty or partly copied environment
-            time.sleep(0.01)
-        return False
+        return has_env_settled(pid, CONTAINER_UID_ENV, f"{spec.cluster_uid}/{spec.name}")
 
     def own_pid(self, spec: ContainerSpec, pid: int) -> int | None:
         """`pid` when it is a process of the container, else None (a client names any pid it likes)."""

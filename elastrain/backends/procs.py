@@ -56,6 +56,19 @@ def has_env(pid: int, key: str, value: str) -> bool:
     return f"{key}={value}".encode() in environ(pid) and pid_alive(pid)
 
 
+def has_env_settled(pid: int, key: str, value: str, attempts: int = 4, pause_s: float = 0.01) -> bool:
+    """`has_env` for one named process, read again (up to `attempts` times) before saying no: a process
+    in the middle of an execve shows an empty or partly copied environment for a moment."""
+    for attempt in range(attempts):
+        if has_env(pid, key, value):
+            return True
+        if attempt + 1 < attempts and pid_alive(pid):
+            time.sleep(pause_s)
+        else:
+            return False
+    return False
+
+
 def pids_with_env(key: str, value: str) -> list[int]:
     """Every live process whose environment has ``key=value`` (needs a readable /proc)."""
     me = os.getpid()
