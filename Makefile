@@ -106,10 +106,9 @@ audit: install
 
 # the fast lane first (a failure there stops `make test` within minutes), then the second lane
 # (scripts/test_lane2.sh: balanced shares of it run at once, then the load-sensitive `serial` tests alone;
-# LANE2_SHARDS=2 runs two shares at once); any failure in it fails `make test`. One share by default: two
-# took the lane from ~42 to ~27 min, but on a loaded machine the Slurm step-signal and container seed-flow
-# tests then missed their waits; kept at 1 until those are hardened
-LANE2_SHARDS ?= 1
+# LANE2_SHARDS=1 runs it in one process); any failure in it fails `make test`. Two shares took the lane
+# from ~32 to ~21 min here with no failure on a quiet machine (on one at load 8-10 some waits ran out)
+LANE2_SHARDS ?= 2
 test: test-fast audit portal-deps slurm-deps container-deps postgres-deps
 	LANE2_SHARDS=$(LANE2_SHARDS) PYTEST="$(PYTEST)" ELASTRAIN="$(VENV)/bin/elastrain" REST_TESTS="$(REST_TESTS)" FAST_TESTS="$(FAST_TESTS)" LANE2_RUN="$(LANE2_RUN)" \
 	  scripts/test_lane2.sh
