@@ -29,6 +29,7 @@ from pathlib import Path
 
 from elastrain.testing.ports import free_port
 from elastrain.testing.postgres import ToolMissing
+from elastrain.testing.server import ControlPlane
 from elastrain.testing.waits import wait_until
 
 K8S_DIR_ENV = "ELASTRAIN_K8S_DIR"
@@ -68,6 +69,23 @@ class KubeUser:
 
     name: str
     token: str
+
+
+def log_tail(path: Path, lines: int = 8) -> str:
+    """The last `lines` lines of a daemon's log file, on one line ("(no log)" when unreadable)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def elastrain_server(plane: KubeControlPlane, namespace: str, root: Path) -> ControlPlane:
+    """An `elastrain server --backend kubernetes` (not started yet) on `plane`'s `namespace`, as its
+    admin, with 8 virtual GPUs, keeping its files under `root`."""
+    kubeconfig = plane.kubeconfig_for(plane.admin, namespace)
+    args = ("--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", namespace)
+    return ControlPlane(root, gpus=8, extra_args=args)
 
 
 class KubeControlPlane:
@@ -205,11 +223,7 @@ class KubeControlPlane:
 
     def log_tail(self, name: str, lines: int = 8) -> str:
         """The last lines of a component's log."""
-        try:
-            text = (self.root / f"{name}.log").read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return " | ".join(text.strip().splitlines()[-lines:])
+        return log_tail(self.root / f"{name}.log", lines)
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         """Wait until the API server's /readyz answers 200 (a component exiting fails at once)."""

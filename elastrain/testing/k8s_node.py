@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from elastrain.testing import k8s_runtime as runtime
-from elastrain.testing.k8s import KubeControlPlane, k8s_binary
+from elastrain.testing.k8s import KubeControlPlane, k8s_binary, log_tail
 from elastrain.testing.k8s_dns import CLUSTER_DOMAIN, ClusterDns
 from elastrain.testing.ports import free_port
 from elastrain.testing.postgres import ToolMissing
@@ -216,11 +216,7 @@ class KubeNode:
 
     def log_tail(self, name: str, lines: int = 8) -> str:
         """The last lines of a daemon's log (``containerd``, ``kubelet``)."""
-        try:
-            text = (self.root / f"{name}.log").read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return " | ".join(text.strip().splitlines()[-lines:])
+        return log_tail(self.root / f"{name}.log", lines)
 
     def load_image(self, image: str) -> None:
         """Make podman's `image` available to pods under its name (`ToolMissing` without it)."""

@@ -18,9 +18,8 @@ from elastrain.backends.kubernetes_objects import hostfile_configmap_name
 from elastrain.report import build_report
 from elastrain.testing.clusters import all_running, hostfile_hosts, job_world, run_in
 from elastrain.testing.containers import shared_storage
-from elastrain.testing.k8s import KubeControlPlane
+from elastrain.testing.k8s import KubeControlPlane, elastrain_server
 from elastrain.testing.k8s_node import KubeNode
-from elastrain.testing.server import ControlPlane
 from elastrain.testing.waits import wait_until
 from tests.k8s.conftest import IMAGE, admin_core, namespace_objects
 
@@ -50,12 +49,7 @@ LEFT = ("scale_in", "worker_failure")
 def test_the_whole_flow_on_real_pods(
     kube_plane: KubeControlPlane, kube_node: KubeNode, k8s_namespace: str, tmp_path: Path
 ) -> None:
-    kubeconfig = kube_plane.kubeconfig_for(kube_plane.admin, k8s_namespace)
-    server = ControlPlane(
-        tmp_path,
-        gpus=8,
-        extra_args=("--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", k8s_namespace),
-    )
+    server = elastrain_server(kube_plane, k8s_namespace, tmp_path)
     server.start()
     data = shared_storage(server, "k8s-data")
     name = f"p{secrets.token_hex(3)}"

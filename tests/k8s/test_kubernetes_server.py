@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elastrain.testing.k8s import KubeControlPlane
+from elastrain.testing.k8s import KubeControlPlane, elastrain_server
 from elastrain.testing.server import ControlPlane
 from elastrain.testing.waits import wait_until
 from tests.k8s.conftest import admin_core, namespace_objects
@@ -27,12 +27,7 @@ def _pods(plane: KubeControlPlane, namespace: str) -> list[str]:
 def test_cluster_lifecycle_through_the_server(
     kube_plane: KubeControlPlane, k8s_namespace: str, tmp_path: Path
 ) -> None:
-    kubeconfig = kube_plane.kubeconfig_for(kube_plane.admin, k8s_namespace)
-    server = ControlPlane(
-        tmp_path,
-        gpus=8,
-        extra_args=("--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", k8s_namespace),
-    )
+    server = elastrain_server(kube_plane, k8s_namespace, tmp_path)
     server.start()
     name = f"k{secrets.token_hex(3)}"
     try:
