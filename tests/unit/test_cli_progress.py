@@ -406,3 +406,30 @@ def test_simulate_timeout_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.
     (line,) = captured.err.splitlines()
     assert line.startswith("elastrain simulate: error: simulate timed out after 0.2s: policy static at ")
     assert "simulated" in line and "not run: elastic" in line
+
+
+def test_raise_after_raises_again_when_the_first_raise_is_swallowed() -> None:
+    """A timeout raised inside a GC callback or a ``__del__`` is swallowed by Python; the limit
+    must still hold (CI saw hypothesis's gc callback eat the first one)."""
+    swallowed = []
+
+    def swallow_once() -> None:
+        try:
+            time.sleep(5)
+        except TimedOut as exc:  # as the interpreter does for a callback's exception
+            swallowed.append(exc)
+
+    t0 = time.monotonic()
+    with pytest.raises(TimedOut, match="late"), raise_after(0.1, lambda: TimedOut("late")):
+        swallow_once()
+        time.sleep(5)
+    assert len(swallowed) == 1
+    assert time.monotonic() - t0 < 3
+
+
+def test_raise_after_raises_when_the_work_ends_after_a_swallowed_timeout() -> None:
+    with pytest.raises(TimedOut, match="late"), raise_after(0.1, lambda: TimedOut("late")):
+        try:
+            time.sleep(5)
+        except TimedOut:
+            pass
