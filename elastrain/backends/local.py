@@ -35,6 +35,7 @@ from elastrain.backends.procs import (
     cmdline,
     has_env_settled,
     host_env,
+    niced,
     pid_alive,
     pids_with_args,
     pids_with_env,
@@ -78,6 +79,7 @@ class LocalBackend(Backend):
         self.root = private_dir(Path(data_dir).resolve() / "clusters")
         self.stop_timeout_s = stop_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._child_roots: dict[int, Path] = {}  # the root each child is the init of
         self._lock = threading.Lock()
 
     # --- paths -------------------------------------------------------------------------------------
@@ -145,8 +147,11 @@ class LocalBackend(Backend):
         if current is not None and current.alive:
             return current
         # an init a killed server started but never recorded (it died between the two) is an orphan:
-        # stop it, or the container would run twice
-        terminate([p for p in pids_with_args("--root", str(root)) if p != (current.pid if current else None)])
+        # stop it, or the container would run twice. Only a root laid out before can have one (and
+        # the /proc scan is not free: a scale-out wave starts many containers at once)
+        if root.exists():
+            orphans = pids_with_args("--root", str(root))
+            terminate([p for p in orphans if p != (current.pid if current else None)])
         self._layout(spec, root)
         env = self.environment(spec)
         meta = {**asdict(spec), "pid": None, "started_at": time.time()}
@@ -154,7 +159,7 @@ class LocalBackend(Backend):
         try:
             init = [sys.executable, "-m", "elastrain.backends.container_proc", "--root", str(root)]
             proc = subprocess.Popen(
-                with_shm_limit([*init, "--address", spec.address], spec.shm_bytes),
+                niced(with_shm_limit([*init, "--address", spec.address], spec.shm_bytes)),
                 cwd=root,
                 env={**os.environ, **env},
                 stdout=log,
@@ -166,6 +171,7 @@ class LocalBackend(Backend):
             log.close()
         with self._lock:
             self._children[proc.pid] = proc
+            self._child_roots[proc.pid] = root
         meta["pid"] = proc.pid
         atomic_write_text(root / "container.json", json.dumps(meta, indent=1))
         return ContainerStatus(spec.cluster, spec.name, proc.pid, True, False, spec.address)
@@ -229,6 +235,9 @@ class LocalBackend(Backend):
     def _is_init(self, pid: int, root: Path) -> bool:
         with self._lock:
             child = self._children.get(pid)
+            child_root = self._child_roots.get(pid)
+        if child is not None and child_root == root:  # our unreaped init of `root`: no /proc read
+            return child.poll() is None
         if child is not None and child.poll() is not None:
             return False
         return pid_alive(pid) and str(root) in cmdline(pid)
@@ -238,6 +247,7 @@ class LocalBackend(Backend):
             for pid, child in list(self._children.items()):
                 if child.poll() is not None:
                     del self._children[pid]
+                    self._child_roots.pop(pid, None)
 
     # --- files, commands, logs ---------------------------------------------------------------------
     def write_cluster_file(self, cluster: str, path: str, text: str) -> None:

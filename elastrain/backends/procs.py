@@ -4,6 +4,7 @@ finding by environment or argv, starting commands in a session of their own, sto
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,17 @@ from pathlib import Path
 from elastrain.backends.filemodes import open_private_append
 
 _PROC = Path("/proc")
+TENANT_NICE = 10
+"""How many nice levels below the server a tenant's processes run (their init, exec'd commands, jobs,
+terminal shells): on one machine the control plane must keep answering while a tenant's work saturates
+the CPUs, as the kubelet reserves CPU for the system. With CPUs idle the tenant gets them all anyway."""
+
+
+def niced(argv: list[str]) -> list[str]:
+    """`argv` run `TENANT_NICE` levels below this process (coreutils ``nice`` execs in place, so the
+    PID Popen returns is the command's); unchanged where there is no ``nice``."""
+    nice = shutil.which("nice")
+    return [nice, "-n", str(TENANT_NICE), *argv] if nice else argv
 
 
 def pid_alive(pid: int) -> bool:
@@ -96,8 +108,9 @@ def host_env(extra: Mapping[str, str]) -> dict[str, str]:
 def start_in_session(
     command: list[str], cwd: Path, env: Mapping[str, str], log_path: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start `command` in a new session, stdin closed; output (stderr too) to a pipe, or appended to
-    `log_path` (created private)."""
+    """Start `command` in a new session at the tenants' priority (`niced`), stdin closed; output
+    (stderr too) to a pipe, or appended to `log_path` (created private)."""
+    command = niced(command)
     if log_path is None:
         return subprocess.Popen(
             command,

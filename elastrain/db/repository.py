@@ -8,7 +8,7 @@ import secrets
 from datetime import datetime, timezone
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from elastrain.db.models import ApiToken, Cluster, Container, Event, EventAction, Job, User, utcnow
 
@@ -51,7 +51,8 @@ def user_by_name(session: Session, name: str) -> User | None:
 
 def token_row(session: Session, token: str) -> ApiToken | None:
     """The stored row of a bearer token (whatever its state), if any."""
-    return session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+    query = select(ApiToken).options(joinedload(ApiToken.user))  # every request reads the user next
+    return session.scalar(query.where(ApiToken.token_hash == hash_token(token)))
 
 
 def user_by_token(session: Session, token: str) -> User | None:
@@ -103,7 +104,8 @@ def _cluster_now(session: Session, name: str) -> Cluster | None:
 
 def visible_clusters(session: Session, user: User) -> list[Cluster]:
     """Clusters `user` may see: their own (admins see every cluster)."""
-    query = select(Cluster).options(selectinload(Cluster.containers)).order_by(Cluster.id)
+    query = select(Cluster).options(selectinload(Cluster.containers), joinedload(Cluster.owner))
+    query = query.order_by(Cluster.id)
     if not user.is_admin:
         query = query.where(Cluster.owner_id == user.id)
     return list(session.scalars(query))
@@ -111,7 +113,9 @@ def visible_clusters(session: Session, user: User) -> list[Cluster]:
 
 def find_cluster(session: Session, user: User, name: str) -> Cluster | None:
     """The cluster `name` if `user` may see it, else None (the API answers 404 either way)."""
-    cluster = session.scalar(select(Cluster).where(Cluster.name == name))
+    # the API view reads the containers and the owner's name: loaded here, not one query each later
+    query = select(Cluster).options(selectinload(Cluster.containers), joinedload(Cluster.owner))
+    cluster = session.scalar(query.where(Cluster.name == name))
     if cluster is None or (cluster.owner_id != user.id and not user.is_admin):
         return None
     return cluster

@@ -26,6 +26,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
+SQLITE_POOL_SIZE = 20
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor = dbapi_conn.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -68,6 +71,10 @@ class Database:
             path = sqlite_path(self.url)
             if path is not None:
                 _private_sqlite_file(path)
+                # the API's threads (40) each hold a connection while they work: with the default 5
+                # (+10 overflow) a burst opens and closes connections, and each opening runs the
+                # pragmas below again. SQLite connections are cheap to keep.
+                kwargs.update(pool_size=SQLITE_POOL_SIZE, max_overflow=SQLITE_POOL_SIZE)
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
         else:
             kwargs["pool_pre_ping"] = True

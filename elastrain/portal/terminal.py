@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from elastrain.backends.procs import server_first_path
+from elastrain.backends.procs import TENANT_NICE, server_first_path
 from elastrain.backends.shm import with_shm_limit
 
 if TYPE_CHECKING:
@@ -133,6 +133,7 @@ def _set_size(fd: int, cols: int, rows: int) -> None:
 
 def _make_controlling_tty() -> None:  # runs in the child between fork and exec
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    os.nice(TENANT_NICE)  # a tenant's shell: below the server, as every tenant process (procs.niced)
 
 
 class TerminalSession:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
@@ -45,6 +46,7 @@ from elastrain.server.validation import check_mount_unchanged
 
 log = logging.getLogger("elastrain.reconciler")
 ACTOR = "reconciler"
+HOSTFILE_RECHECK_S = 5.0  # how often every hostfile file is read back even when nothing changed
 TENANT_UID_BASE = 20000
 
 
@@ -146,6 +148,8 @@ class Reconciler:
         self.scheduler = scheduler
         self.failures = StepFailures(db, ACTOR)
         self.stats = ReconcileStats()  # pass durations and failures, for /metrics
+        self._hostfiles_known: dict[str, str] = {}  # cluster -> the hostfile text its file holds
+        self._hostfiles_checked_at = float("-inf")
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -243,25 +247,40 @@ class Reconciler:
 
     def _sync_hostfiles(self) -> None:
         """Rewrite a cluster's hostfile file when it differs from the DB (e.g. after a crash); one
-        cluster's failure is its own."""
+        cluster's failure is its own. A file this loop wrote or read back is trusted for
+        `HOSTFILE_RECHECK_S`: a pass every 0.1 s while containers start must not read every
+        cluster's file each time (that CPU is the API's)."""
+        now = time.monotonic()
+        recheck = now - self._hostfiles_checked_at >= HOSTFILE_RECHECK_S
+        if recheck:
+            self._hostfiles_checked_at = now
+        known, self._hostfiles_known = self._hostfiles_known, {}
         with self.db.session() as session:
             for cluster in all_clusters(session):
                 if cluster.state == ClusterState.Terminating or cluster.hostfile_generation == 0:
                     continue
-                on_disk = self.backend.hostfile_path(cluster.name)
                 text = self.hostfile_text(cluster)
+                if not recheck and known.get(cluster.name) == text:
+                    self._hostfiles_known[cluster.name] = text
+                    continue
+                on_disk = self.backend.hostfile_path(cluster.name)
                 if on_disk is not None:
                     try:
                         current = on_disk.read_text()
                     except OSError:
                         current = None
-                    if current == text or not on_disk.parent.exists():
+                    if current == text:
+                        self._hostfiles_known[cluster.name] = text
+                        continue
+                    if not on_disk.parent.exists():
                         continue
                 try:
                     self.backend.write_cluster_file(cluster.name, HOSTFILE_PATH, text)
                 except Exception as exc:
                     self.stats.failed("hostfile")
                     self.failures.report(cluster.name, cluster.uid, "sync_hostfile", exc, record=False)
+                else:
+                    self._hostfiles_known[cluster.name] = text
 
     @staticmethod
     def hostfile_text(cluster: Cluster) -> str:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import tempfile
@@ -60,9 +61,21 @@ class Stats:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
-    def slowest(self, n: int = 5) -> list[str]:
+    def slowest(self, n: int = 5, server_ms: dict[str, str] | None = None) -> list[str]:
+        """The `n` slowest requests; with `server_ms` (request id -> the access log's ``ms``), each
+        says how much of it the server itself took (the rest: the network, or the client's threads)."""
         worst = sorted(self.requests, reverse=True)[:n]
-        return [f"{seconds * 1000:.0f} ms {what}" for seconds, what in worst]
+        lines = []
+        for seconds, what in worst:
+            rid = what.rsplit("X-Request-ID ", 1)[-1].rstrip(")")
+            inside = f" (server {server_ms[rid]} ms)" if server_ms and rid in server_ms else ""
+            lines.append(f"{seconds * 1000:.0f} ms {what}{inside}")
+        return lines
+
+
+def access_log_ms(log_text: str) -> dict[str, str]:
+    """Request id -> ``ms`` from each access-log line of the server's log."""
+    return dict(re.findall(r"elastrain access: .*? id=(\S+) .*? ms=([0-9.]+)", log_text))
 
 
 def _processes_under(root: Path) -> list[int]:
@@ -270,7 +283,7 @@ def test_fifty_tenants_and_a_terminal_flood(load_server: LoadServer, security_fi
         f"server RSS start {rss_start / 1024:.0f} MiB, peak {max(samples) / 1024:.0f} MiB, "
         f"end {rss_end / 1024:.0f} MiB; server CPU {cpu:.0f} s ({cpu / elapsed:.0%} of a core); "
         f"access-log lines {log_text.count('elastrain access: ')}; load average {os.getloadavg()[0]:.1f}",
-        "load: slowest: " + "; ".join(stats.slowest(3)),
+        "load: slowest: " + "; ".join(stats.slowest(3, access_log_ms(log_text))),
     ]
     print("\n" + "\n".join(figures))
     security_figures.extend(figures)  # printed under the security summary line, -s or not

@@ -119,3 +119,24 @@ def test_a_failing_hook_does_not_stop_the_pass(db: Database) -> None:
     r.hooks += [broken, lambda: ran.append("second") or 0]
     settle(r)
     assert ran and clusters(db)[0].state == ClusterState.Running
+
+
+def test_a_hostfile_changed_behind_the_loops_back_is_restored_on_the_next_recheck(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fast passes trust the hostfile they last wrote; every HOSTFILE_RECHECK_S they read it back."""
+    import elastrain.server.reconciler as module
+
+    backend = FakeBackend()
+    r = Reconciler(db, backend, Inventory(8, False))
+    settle(r)
+    good = backend.files["c"]["/etc/mpi/hostfile"]
+    backend.files["c"]["/etc/mpi/hostfile"] = "# tampered\n"
+    monkeypatch.setattr(module, "HOSTFILE_RECHECK_S", 3600.0)
+    r._hostfiles_checked_at = 0.0  # a recheck ran just now (monotonic time is far past 0)
+    monkeypatch.setattr(module.time, "monotonic", lambda: 1.0)
+    r.reconcile_once()
+    assert backend.files["c"]["/etc/mpi/hostfile"] == "# tampered\n"  # trusted between rechecks
+    monkeypatch.setattr(module.time, "monotonic", lambda: 3602.0)
+    r.reconcile_once()
+    assert backend.files["c"]["/etc/mpi/hostfile"] == good
