@@ -26,20 +26,24 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 MISSING_TOKEN = "missing bearer token; set ELASTRAIN_TOKEN or pass --token"
 UNKNOWN_TOKEN = "unknown token; ask an admin for one (elastrain user create NAME)"
 
+# get_services, get_jobs and get_settings are `async def` although they never await: FastAPI runs a
+# plain `def` dependency in the thread pool, and under load each such hop costs the event loop a GIL
+# hand-over; these only read app.state.
 
-def get_services(connection: HTTPConnection) -> Services:
+
+async def get_services(connection: HTTPConnection) -> Services:
     """The server's `Services` (clusters, users, exec)."""
     services: Services = connection.app.state.services
     return services
 
 
-def get_jobs(connection: HTTPConnection) -> JobService:
+async def get_jobs(connection: HTTPConnection) -> JobService:
     """The server's `JobService`."""
     jobs: JobService = connection.app.state.jobs
     return jobs
 
 
-def get_settings(connection: HTTPConnection) -> ServerSettings | None:
+async def get_settings(connection: HTTPConnection) -> ServerSettings | None:
     """The settings the server was started with (None for an app built without them, as in tests)."""
     settings: ServerSettings | None = connection.app.state.settings
     return settings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("elastrain.server")
 DEFAULT_DATA_DIR = Path("~/.elastrain").expanduser()
+SERVER_SWITCH_INTERVAL_S = 0.001  # sys.setswitchinterval while serving (see serve)
 
 
 SERVER_EPILOG = """\
@@ -423,6 +425,15 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
             ws_ping_interval=20.0,
             ws_ping_timeout=60.0,
         )
+        # The event loop gives up the GIL at each socket call and must win it back from the API's
+        # worker threads and the reconciler; at CPython's default 5 ms switch interval every such
+        # call can wait 5 ms under load (the GIL convoy), which a request pays dozens of times.
+        sys.setswitchinterval(SERVER_SWITCH_INTERVAL_S)
+        # Everything imported and built so far lives as long as the server: out of the collector's
+        # sight, a full collection no longer walks the ~1M objects of FastAPI, SQLAlchemy and pydantic
+        # (it held the GIL 150-230 ms every few seconds under load: every request waited on it).
+        gc.collect()
+        gc.freeze()
         uvicorn.Server(config).run()
     finally:
         reconciler.stop()

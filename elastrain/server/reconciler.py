@@ -46,6 +46,7 @@ from elastrain.server.validation import check_mount_unchanged
 
 log = logging.getLogger("elastrain.reconciler")
 ACTOR = "reconciler"
+BUSY_POLL_S = 0.25  # the pass interval after the first second of containers starting or draining
 HOSTFILE_RECHECK_S = 5.0  # how often every hostfile file is read back even when nothing changed
 TENANT_UID_BASE = 20000
 
@@ -144,6 +145,7 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self.passes = 0
         self._busy = False
+        self._busy_since: float | None = None  # when the current run of busy passes began
         self.hooks: list[Callable[[], int]] = []  # run after each pass (e.g. the job monitor)
         self.scheduler = scheduler
         self.failures = StepFailures(db, ACTOR)
@@ -176,7 +178,19 @@ class Reconciler:
                 log.exception("reconcile pass failed")
                 changed = 0
             if not changed:  # poll faster while containers are starting or draining
-                self._wake.wait(min(self.interval_s, 0.1) if self._busy else self.interval_s)
+                self._wake.wait(self._poll_interval(time.monotonic()))
+
+    def _poll_interval(self, now: float) -> float:
+        """`interval_s` when idle; while containers start or drain, 0.1 s for the first second (a
+        container is usually up within it), then `BUSY_POLL_S`: a pass reads every cluster and
+        container, and a steady stream of scale requests must not make the loop eat the API's CPU."""
+        if not self._busy:
+            self._busy_since = None
+            return self.interval_s
+        if self._busy_since is None:
+            self._busy_since = now
+        fast = now - self._busy_since < 1.0
+        return min(self.interval_s, 0.1 if fast else BUSY_POLL_S)
 
     def reconcile_once(self) -> int:
         """One pass: returns how many decisions were applied."""

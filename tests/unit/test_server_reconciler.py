@@ -140,3 +140,17 @@ def test_a_hostfile_changed_behind_the_loops_back_is_restored_on_the_next_rechec
     monkeypatch.setattr(module.time, "monotonic", lambda: 3602.0)
     r.reconcile_once()
     assert backend.files["c"]["/etc/mpi/hostfile"] == good
+
+
+def test_the_busy_poll_backs_off_after_a_second(db: Database) -> None:
+    import elastrain.server.reconciler as module
+
+    r = Reconciler(db, FakeBackend(), Inventory(8, False), interval_s=0.5)
+    assert r._poll_interval(100.0) == 0.5  # idle
+    r._busy = True
+    assert r._poll_interval(100.0) == 0.1 and r._poll_interval(100.9) == 0.1
+    assert r._poll_interval(101.1) == module.BUSY_POLL_S
+    r._busy = False
+    assert r._poll_interval(102.0) == 0.5
+    r._busy = True
+    assert r._poll_interval(103.0) == 0.1  # a new busy streak starts fast again
