@@ -21,6 +21,7 @@ from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 SAMPLES = 10000
+EPOCHS = 14  # of the elastic job in the seed flow
 
 
 def labels_of(name: str) -> dict[str, str]:
@@ -72,7 +73,9 @@ def test_seed_flow_on_containers(ccp: ContainerPlane) -> None:
 
         # an elastic job submitted through the API follows scale 2 -> 4 and a killed container
         elastic = "elastrain run -v --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile --ledger /data/el"
-        train = "python /data/mnist_elastic.py --epochs 8 --batch-size 200 --step-sleep 0.03"
+        # long enough that a replaced container (podman run, its node daemon, torch imported) is taken
+        # back before the job ends: with 8 epochs a slow machine finished training on the 3 survivors
+        train = f"python /data/mnist_elastic.py --epochs {EPOCHS} --batch-size 200 --step-sleep 0.03"
         job = c.submit_job("seed", f"{elastic} {train}".split())
         world = job_world(c, job["id"])
         wait_until(world(2), 120, "the job to train with 2 workers")
@@ -108,7 +111,7 @@ def test_seed_flow_on_containers(ccp: ContainerPlane) -> None:
         report = build_report(data / "el", SAMPLES)
         assert [(e["samples"], e["duplicates"], e["missing"]) for e in report["epochs"]] == [
             (SAMPLES, 0, 0)
-        ] * 8
+        ] * EPOCHS
         causes = [(g["world_size"], g["cause"]) for g in report["generations"]]
         assert causes[:4] == [(2, "start"), (4, "scale_out"), (3, "worker_failure"), (4, "scale_out")], causes
         at_four = [g["samples_per_worker"] for g in report["generations"] if g["world_size"] == 4]
