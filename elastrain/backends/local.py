@@ -78,8 +78,7 @@ class LocalBackend(Backend):
     def __init__(self, data_dir: Path, stop_timeout_s: float = 5.0) -> None:
         self.root = private_dir(Path(data_dir).resolve() / "clusters")
         self.stop_timeout_s = stop_timeout_s
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._child_roots: dict[int, Path] = {}  # the root each child is the init of
+        self._children: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}  # pid -> (init, its root)
         self._lock = threading.Lock()
 
     # --- paths -------------------------------------------------------------------------------------
@@ -170,8 +169,7 @@ class LocalBackend(Backend):
         finally:
             log.close()
         with self._lock:
-            self._children[proc.pid] = proc
-            self._child_roots[proc.pid] = root
+            self._children[proc.pid] = (proc, root)
         meta["pid"] = proc.pid
         atomic_write_text(root / "container.json", json.dumps(meta, indent=1))
         return ContainerStatus(spec.cluster, spec.name, proc.pid, True, False, spec.address)
@@ -234,20 +232,20 @@ class LocalBackend(Backend):
 
     def _is_init(self, pid: int, root: Path) -> bool:
         with self._lock:
-            child = self._children.get(pid)
-            child_root = self._child_roots.get(pid)
-        if child is not None and child_root == root:  # our unreaped init of `root`: no /proc read
-            return child.poll() is None
-        if child is not None and child.poll() is not None:
-            return False
+            entry = self._children.get(pid)
+        if entry is not None:
+            child, child_root = entry
+            if child.poll() is not None:
+                return False
+            if child_root == root:  # our unreaped init of `root`: its pid cannot be reused, no /proc read
+                return True
         return pid_alive(pid) and str(root) in cmdline(pid)
 
     def _poll_children(self) -> None:
         with self._lock:
-            for pid, child in list(self._children.items()):
+            for pid, (child, _root) in list(self._children.items()):
                 if child.poll() is not None:
                     del self._children[pid]
-                    self._child_roots.pop(pid, None)
 
     # --- files, commands, logs ---------------------------------------------------------------------
     def write_cluster_file(self, cluster: str, path: str, text: str) -> None:
