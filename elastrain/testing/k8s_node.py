@@ -125,7 +125,11 @@ class KubeNode:
             runtime.cni_config(self.bridge, f"10.244.{self.subnet}.0/24", self.root / "ipam")
         )
         config = base / "config.toml"
-        config.write_text(runtime.containerd_config(base, self.socket, self.root / "cni", self.tools["runc"]))
+        config.write_text(
+            runtime.containerd_config(
+                base, self.socket, self.root / "cni", self.tools["runc"], runtime.cni_bin_dir()
+            )
+        )
         self._spawn("containerd", [self.tools["containerd"], "--config", str(config)])
         wait_until(
             lambda: _run(*runtime.ctr_argv(self.socket, "version")).returncode == 0,

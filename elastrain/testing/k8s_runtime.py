@@ -46,8 +46,9 @@ def cni_bin_dir() -> Path:
     raise ToolMissing(f"the CNI plugins bridge and host-local are not installed ({INSTALL_HINT})")
 
 
-def containerd_config(root: Path, socket: Path, cni_conf: Path, runc: str) -> str:
-    """containerd's configuration (version 2): everything under `root`, the CRI plugin as above."""
+def containerd_config(root: Path, socket: Path, cni_conf: Path, runc: str, cni_bin: Path) -> str:
+    """containerd's configuration (version 2): everything under `root`, the CRI plugin as above, the CNI
+    plugins from `cni_bin` (`cni_bin_dir()` on a node)."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
 root = "{root / "root"}"
@@ -81,7 +82,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   BinaryName = "{runc}"
   SystemdCgroup = false
 [{cri}.cni]
-  bin_dir = "{cni_bin_dir()}"
+  bin_dir = "{cni_bin}"
   conf_dir = "{cni_conf}"
   max_conf_num = 1
 """

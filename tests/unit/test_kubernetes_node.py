@@ -33,7 +33,10 @@ def test_headless_service_endpoints_become_pod_and_service_names() -> None:
 
 
 def test_containerd_runs_pods_with_runc_and_a_restricted_oom_score(tmp_path: Path) -> None:
-    text = containerd_config(tmp_path, tmp_path / "c.sock", tmp_path / "cni", "/usr/sbin/runc")
+    text = containerd_config(
+        tmp_path, tmp_path / "c.sock", tmp_path / "cni", "/usr/sbin/runc", tmp_path / "cnibin"
+    )
+    assert f'bin_dir = "{tmp_path / "cnibin"}"' in text
     assert "restrict_oom_score_adj = true" in text and "SystemdCgroup = false" in text
     assert f'sandbox_image = "{PAUSE_IMAGE}"' in text and f'root = "{tmp_path / "root"}"' in text
     net = json.loads(cni_config("ek8s1", "10.244.9.0/24", tmp_path / "ipam"))
