@@ -357,12 +357,25 @@ class Client:
             raise ClientError(f"lost the connection to {self.url} while running the command: {exc}") from None
 
     # --- jobs --------------------------------------------------------------------------------------
-    def submit_job(self, cluster: str, command: list[str], tensorboard_dir: str = "") -> dict[str, Any]:
+    def submit_job(
+        self,
+        cluster: str,
+        command: list[str],
+        tensorboard_dir: str = "",
+        retries: int | None = None,
+        max_platform_restarts: int | None = None,
+    ) -> dict[str, Any]:
         """Run `command` detached in the cluster's launcher container (writing TensorBoard scalars under
-        `tensorboard_dir` there, when given); returns the job."""
+        `tensorboard_dir` there, when given; started again up to `retries` times after a non-zero exit
+        and `max_platform_restarts` times after its launcher died, the server's defaults when None);
+        returns the job."""
         body: dict[str, Any] = {"command": command}
         if tensorboard_dir:
             body["tensorboard_dir"] = tensorboard_dir
+        if retries is not None:
+            body["retries"] = retries
+        if max_platform_restarts is not None:
+            body["max_platform_restarts"] = max_platform_restarts
         return dict(self._request("POST", f"/clusters/{cluster}/jobs", json=body).json())
 
     def get_job(self, job_id: int) -> dict[str, Any]:

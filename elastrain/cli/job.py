@@ -25,6 +25,18 @@ def add_job_parser(sub: argparse._SubParsersAction, conn: argparse.ArgumentParse
         metavar="DIR",
         help="write TensorBoard scalars under DIR in the launcher container (an absolute path)",
     )
+    p.add_argument(
+        "--retries",
+        type=int,
+        metavar="N",
+        help="start the command again up to N times after it exits non-zero (default 0)",
+    )
+    p.add_argument(
+        "--max-platform-restarts",
+        type=int,
+        metavar="N",
+        help="start the job again up to N times after its launcher container died under it (default 3)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     p = jsub.add_parser("list", parents=[conn], help="list your jobs")
     p.add_argument("--cluster", help="only this cluster's jobs")
@@ -89,8 +101,19 @@ def run_job_command(args: argparse.Namespace) -> int:
             command = args.command[1:] if args.command[:1] == ["--"] else args.command
             if not command:
                 raise ConfigError("no command given; e.g. elastrain job submit tthvd -- python train.py")
-            extra = {"tensorboard_dir": args.tensorboard_dir} if args.tensorboard_dir else {}
-            job = client.submit_job(args.cluster, command, **extra)
+            for flag, value in (
+                ("--retries", args.retries),
+                ("--max-platform-restarts", args.max_platform_restarts),
+            ):
+                if value is not None and not 0 <= value <= 100:
+                    raise ConfigError(f"{flag} must be 0..100, got {value}")
+            job = client.submit_job(
+                args.cluster,
+                command,
+                tensorboard_dir=args.tensorboard_dir or "",
+                retries=args.retries,
+                max_platform_restarts=args.max_platform_restarts,
+            )
             print(f"job {job['id']} submitted to {job['cluster']}", file=sys.stderr)
             print(job["id"])
             return _follow(client, job["id"]) if args.follow else 0

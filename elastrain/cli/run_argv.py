@@ -157,7 +157,7 @@ def torchrun_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--module runs python -m COMMAND; it cannot go with --no-python")
     args.nproc_per_node = _nproc_per_node(args.nproc_per_node)
     if args.rdzv_endpoint is not None:
-        if args.coordinator_host != "127.0.0.1" or args.coordinator_port != 0:
+        if args.coordinator_host != "127.0.0.1" or args.coordinator_port not in (None, 0):
             raise ConfigError(
                 "give the coordinator's address once: --rdzv-endpoint or --coordinator-host/-port"
             )

@@ -88,7 +88,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="command prefix that starts the agent of a non-local host, {host} replaced, environment "
         "kept (e.g. 'ip netns exec ns-{host}'); default: print the command to run there",
     )
-    p.add_argument("--coordinator-port", type=int, default=0, help="port for the coordinator (0: any)")
+    p.add_argument(
+        "--coordinator-port",
+        type=int,
+        default=None,
+        help="port for the coordinator (0: any; default: ELASTRAIN_COORDINATOR_PORT, which the platform sets "
+        "for a submitted job so that a replacement launcher listens on it again, else 0)",
+    )
     p.add_argument("--join-grace", type=float, default=5.0, help="seconds to wait for more new workers")
     p.add_argument(
         "--heartbeat-timeout", type=float, default=30.0, help="seconds before a silent worker is out"
@@ -162,6 +168,22 @@ def checkpoint_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+COORDINATOR_PORT_ENV = "ELASTRAIN_COORDINATOR_PORT"
+
+
+def port_from_env(value: str) -> int:
+    """`--coordinator-port`'s default: ELASTRAIN_COORDINATOR_PORT (set by the platform for a submitted
+    job), else 0 (any port)."""
+    if not value.strip():
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise ElastrainError(
+            f"{COORDINATOR_PORT_ENV}={value!r} is not a port number; unset it or give 1..65534"
+        ) from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run `elastrain run` with parsed flags; returns the exit code."""
     from elastrain.launcher.agents import AgentStarter
@@ -172,6 +194,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from elastrain.launcher.tensorboard import TENSORBOARD_DIR_ENV, check_tensorboard_dir
 
     torchrun_flags(args)  # flag mistakes first: they need no file system
+    if args.coordinator_port is None:
+        args.coordinator_port = port_from_env(os.environ.get(COORDINATOR_PORT_ENV, ""))
     check_sizes(args.np, args.min_np, args.max_np)
     tensorboard_flag = "--tensorboard-dir"
     if args.tensorboard_dir is None and os.environ.get(TENSORBOARD_DIR_ENV):

@@ -132,6 +132,7 @@ class EventAction(str, enum.Enum):
     job_cancelled = "job.cancelled"
     job_checkpoint = "job.checkpoint"
     job_incident = "job.incident"
+    job_restarted = "job.restarted"
     token_created = "token.created"
     token_revoked = "token.revoked"
     user_created = "user.created"
@@ -272,6 +273,14 @@ class Job(Base):
     report_token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)  # migration 0002
     log_path: Mapped[str] = mapped_column(Text, default="")  # migration 0002
     tensorboard_dir: Mapped[str | None] = mapped_column(Text, nullable=True)  # migration 0007
+    # surviving the launcher (server/job_recovery.py); migration 0013
+    launcher_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the launcher it runs in
+    coordinator_port: Mapped[int | None] = mapped_column(Integer, nullable=True)  # `elastrain run` jobs
+    restart_secret: Mapped[str | None] = mapped_column(String(64), nullable=True)  # its tokens derive from it
+    platform_restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_platform_restarts: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
+    user_restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_user_restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class JobMetric(Base):

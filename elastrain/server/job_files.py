@@ -84,6 +84,10 @@ def job_out(job: Job, cluster: str) -> schemas.JobOut:
         samples_per_s=job.samples_per_s,
         world_size=job.world_size,
         tensorboard_dir=job.tensorboard_dir,
+        platform_restarts=job.platform_restarts or 0,
+        max_platform_restarts=job.max_platform_restarts if job.max_platform_restarts is not None else 3,
+        user_restarts=job.user_restarts or 0,
+        max_user_restarts=job.max_user_restarts or 0,
         created_at=aware(job.created_at) or job.created_at,
         finished_at=aware(job.finished_at),
     )

@@ -73,6 +73,20 @@ class JobSubmit(Body):
         "(ELASTRAIN_TENSORBOARD_DIR), as does `elastrain.report()` in a plain script",
         examples=["/data/tensorboard/run1"],
     )
+    retries: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="times the command is started again after it exits non-zero (the user's failures, as "
+        "Kubernetes' backoffLimit); launcher losses do not count here",
+    )
+    max_platform_restarts: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="times the job is started again after its launcher container died under it (platform "
+        "failures); an `elastrain run` job adopts its running workers then (`--rejoin`)",
+    )
 
 
 class CheckpointReport(Body):
@@ -181,3 +195,7 @@ class JobOut(BaseModel):
     created_at: UtcDatetime
     finished_at: UtcDatetime | None
     tensorboard_dir: str | None = Field(default=None, description="where its TensorBoard scalars go")
+    platform_restarts: int = Field(default=0, description="starts after its launcher container died")
+    max_platform_restarts: int = Field(default=3, description="the budget of platform_restarts")
+    user_restarts: int = Field(default=0, description="starts after the command exited non-zero")
+    max_user_restarts: int = Field(default=0, description="the budget of user_restarts (`retries`)")

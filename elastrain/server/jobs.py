@@ -12,10 +12,12 @@ scalars by name (`elastrain.report`), kept with the job's metrics. A job submitt
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import shlex
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,17 +32,22 @@ from elastrain.backends.procs import cmdline, pid_alive
 from elastrain.contracts.env import ReportEnv
 from elastrain.db.models import (
     Cluster,
+    ClusterState,
+    Container,
     ContainerState,
     Event,
     EventAction,
     Job,
     JobMetric,
     JobStatus,
+    RestartPolicy,
     User,
     utcnow,
 )
 from elastrain.db.repository import add_event, find_cluster, hash_token, visible_jobs
 from elastrain.db.session import Database
+from elastrain.errors import ElastrainError
+from elastrain.server import job_recovery as recovery
 from elastrain.server import schemas
 from elastrain.server.errors import Conflict, InvalidRequest, NotFound, Unauthorized
 from elastrain.server.exec_service import ExecService, launcher_of
@@ -60,6 +67,11 @@ from elastrain.server.membership import JobMembership
 from elastrain.server.reconciler import aware, container_spec, tenant_uid
 
 TENSORBOARD_DIR_ENV = "ELASTRAIN_TENSORBOARD_DIR"  # read by `elastrain run` and `elastrain.report`
+log = logging.getLogger(__name__)
+LAUNCHER_GRACE_S = 10.0
+"""How long a submitted job's command may be gone, without an exit code, while its launcher still looks
+Running with the same pid, before the job is Failed (the reconciler sees a dead launcher within a pass)."""
+ACTOR = "reconciler"  # who restarts jobs, in their events
 JOB_EVENTS = "job."
 """The prefix of every job event's action (`EventAction.job_submitted`, ...): a job's trail."""
 
@@ -77,6 +89,7 @@ class JobService:
     _offsets: dict[int, int] = field(default_factory=dict)
     _attach_tokens: dict[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (user id, cluster)
     _attach_lock: threading.Lock = field(default_factory=threading.Lock)
+    _gone_since: dict[int, float] = field(default_factory=dict)  # job id -> when its command was seen gone
 
     def __post_init__(self) -> None:
         if self.exec_service is None:
@@ -96,27 +109,59 @@ class JobService:
 
     def submit(self, user: User, name: str, req: schemas.JobSubmit) -> schemas.JobOut:
         """Start the command detached in the launcher container."""
-        token = secrets.token_urlsafe(24)
+        secret = secrets.token_hex(24)
         with self.db.session() as session:
             cluster, launcher = self.commands.find(session, user, name)
             check_not_terminating(cluster)
             if launcher is None or launcher.state != ContainerState.Running:
                 raise Conflict(f"cluster {name!r} has no Running launcher yet; wait for it and retry")
-            spec = self.commands.spec(cluster, launcher)
-            job, log_path = self._new_job(session, cluster, launcher.name, user, req.command, token)
+            report_token = recovery.derived_token(secret, "report")
+            job, _log = self._new_job(session, cluster, launcher.name, user, req.command, report_token)
             job.tensorboard_dir = req.tensorboard_dir
-            env = ReportEnv(
-                url=self.backend.api_url(cluster.name, self.report_url), job_id=str(job.id), token=token
-            ).to_env()
-            if req.tensorboard_dir:
-                env[TENSORBOARD_DIR_ENV] = req.tensorboard_dir
-            exit_file = self.backend.path_inside(cluster.name, launcher.name, exit_path(job.id))
-            proc = self.commands.start(spec, req.command, env=env, log_path=log_path, exit_file=exit_file)
-            job.pid = proc.pid
+            job.restart_secret = secret
+            job.max_user_restarts, job.max_platform_restarts = req.retries, req.max_platform_restarts
+            if recovery.is_elastrain_run(req.command):
+                job.coordinator_port = self._coordinator_port(session, cluster)
+            self._start(session, cluster, launcher, job, req.command)
             add_event(
                 session, user.name, EventAction.job_submitted, name, user.id, job=job.id, command=req.command
             )
             return job_out(job, cluster.name)
+
+    def _coordinator_port(self, session: Session, cluster: Cluster) -> int | None:
+        """A fixed port for a new ``elastrain run`` job's coordinator (a replacement launcher listens on
+        it again): one no other running job uses in the same network namespace (the cluster's own on a
+        container backend; this machine's on the process backend, where it must also be free here)."""
+        shared = self.backend.translates_paths  # the process backend: every cluster on this machine's network
+        query = select(Job.coordinator_port).where(
+            Job.status == JobStatus.Running, Job.coordinator_port.is_not(None)
+        )
+        if not shared:
+            query = query.where(Job.cluster_id == cluster.id)
+        taken = {port for port in session.scalars(query) if port is not None}
+        return recovery.coordinator_port(taken, recovery.port_is_free if shared else lambda _port: True)
+
+    def _start(
+        self, session: Session, cluster: Cluster, launcher: Container, job: Job, command: list[str]
+    ) -> None:
+        """Start `command` as `job` in `launcher` (detached, its exit code to the job's exit file)."""
+        assert job.restart_secret is not None
+        env = ReportEnv(
+            url=self.backend.api_url(cluster.name, self.report_url),
+            job_id=str(job.id),
+            token=recovery.derived_token(job.restart_secret, "report"),
+        ).to_env()
+        if job.tensorboard_dir:
+            env[TENSORBOARD_DIR_ENV] = job.tensorboard_dir
+        if job.coordinator_port is not None:
+            env[recovery.JOB_TOKEN_ENV] = recovery.derived_token(job.restart_secret, "coordinator")
+            env[recovery.COORDINATOR_PORT_ENV] = str(job.coordinator_port)
+            if not self.backend.translates_paths:  # agents reach a replacement launcher by its name
+                env[recovery.COORDINATOR_HOST_ENV] = launcher.name
+        spec = self.commands.spec(cluster, launcher)
+        exit_file = self.backend.path_inside(cluster.name, launcher.name, exit_path(job.id))
+        proc = self.commands.start(spec, command, env=env, log_path=Path(job.log_path), exit_file=exit_file)
+        job.pid, job.launcher_pid = proc.pid, launcher.pid
 
     def _new_job(
         self, session: Session, cluster: Cluster, launcher: str, user: User, command: list[str], token: str
@@ -229,10 +274,10 @@ class JobService:
         """Stop a running job (SIGTERM to its process group)."""
         with self.db.session() as session:
             job, cluster = self._job(session, user, job_id)
-            if job.status == JobStatus.Running and job.pid and self._alive(job):
+            if job.status == JobStatus.Running:  # also one waiting for its launcher's replacement
                 row = session.get(Cluster, job.cluster_id)
                 launcher = launcher_of(row) if row is not None else None
-                if row is not None and launcher is not None:
+                if row is not None and launcher is not None and job.pid and self._alive(job):
                     spec = container_spec(row, launcher, self.inventory.real)
                     self.backend.stop_processes(
                         spec, "ELASTRAIN_JOB_ID", str(job.id), job.pid, signal.SIGTERM
@@ -335,25 +380,101 @@ class JobService:
         return any("elastrain" in part for part in argv)
 
     def poll(self) -> int:
-        """Update running jobs: progress scraped from new log lines, status when they end."""
+        """Update running jobs: progress scraped from new log lines; when a job's command is no longer
+        running, its end judged (`job_recovery.judge`): finished, or started again (its launcher died
+        under it, or it failed with retries left), or waiting for its launcher's replacement."""
         changed = 0
         with self.db.session() as session:
             for job in session.scalars(select(Job).where(Job.status == JobStatus.Running)):
                 self._scrape(session, job)
                 if self._alive(job):
+                    self._gone_since.pop(job.id, None)
                     continue
-                exit_file = Path(job.log_path).with_suffix(".exit")
-                try:
-                    with open_no_follow(exit_file) as f:
-                        job.exit_code = int(f.read(64).strip())
-                except (OSError, ValueError):
-                    job.exit_code = None
-                job.status = JobStatus.Succeeded if job.exit_code == 0 else JobStatus.Failed
+                exit_code = self._exit_code(job)
+                cluster = session.get(Cluster, job.cluster_id)
+                launcher = launcher_of(cluster) if cluster is not None else None
+                seen = self._launcher_seen(job, cluster, launcher, exit_code)
+                attempts = recovery.Attempts(
+                    job.platform_restarts or 0,
+                    job.max_platform_restarts or 0,
+                    job.user_restarts or 0,
+                    job.max_user_restarts or 0,
+                )
+                verdict = recovery.judge(exit_code, seen, attempts)
+                if verdict.outcome == recovery.Outcome.wait:
+                    continue
+                if (
+                    verdict.outcome == recovery.Outcome.restart
+                    and cluster is not None
+                    and launcher is not None
+                ):
+                    self._restart(session, cluster, launcher, job, verdict)
+                    changed += 1
+                    continue
+                job.exit_code = exit_code
+                job.status = JobStatus.Succeeded if exit_code == 0 else JobStatus.Failed
                 job.finished_at = utcnow()
                 self._offsets.pop(job.id, None)
+                self._gone_since.pop(job.id, None)
                 self.membership.forget(job.id)
                 changed += 1
         return changed
+
+    def _launcher_seen(
+        self, job: Job, cluster: Cluster | None, launcher: Container | None, exit_code: int | None
+    ) -> recovery.Launcher:
+        """What became of the launcher `job`'s command ran in. Only submitted jobs (they know their
+        launcher's pid) are started again; a launcher still shown Running with the same pid after the
+        command died without an exit code is given `LAUNCHER_GRACE_S` for the reconciler to see it die."""
+        if cluster is None or cluster.state == ClusterState.Terminating:
+            return recovery.Launcher.gone
+        if job.launcher_pid is None or exit_code is not None:
+            return recovery.Launcher.same
+        if launcher is not None and launcher.state == ContainerState.Running:
+            if launcher.pid != job.launcher_pid:
+                return recovery.Launcher.replaced
+            first = self._gone_since.setdefault(job.id, time.monotonic())
+            return (
+                recovery.Launcher.coming
+                if time.monotonic() - first < LAUNCHER_GRACE_S
+                else recovery.Launcher.same
+            )
+        if (
+            launcher is not None
+            and launcher.state == ContainerState.Failed
+            and cluster.restart_policy == RestartPolicy.Never
+        ):
+            return recovery.Launcher.gone
+        return recovery.Launcher.coming
+
+    def _restart(
+        self, session: Session, cluster: Cluster, launcher: Container, job: Job, verdict: recovery.Verdict
+    ) -> None:
+        """Start `job`'s command again in `launcher` (the `verdict` says why), counting it."""
+        assert verdict.cause is not None
+        Path(job.log_path).with_suffix(".exit").unlink(missing_ok=True)
+        command = recovery.restart_command(json.loads(job.command), verdict.cause)
+        if verdict.cause == recovery.Cause.platform:
+            job.platform_restarts = (job.platform_restarts or 0) + 1
+        else:
+            job.user_restarts = (job.user_restarts or 0) + 1
+        self._gone_since.pop(job.id, None)
+        try:
+            self._start(session, cluster, launcher, job, command)
+        except (OSError, ElastrainError) as exc:  # counted: a launcher that cannot start it uses the budget
+            log.warning("job %d: cannot start it again in %s: %s", job.id, launcher.name, exc)
+            return
+        detail = {"cause": verdict.cause.value, "reason": verdict.reason, "command": command}
+        self._add_job_event(session, job, ACTOR, EventAction.job_restarted, detail)
+
+    @staticmethod
+    def _exit_code(job: Job) -> int | None:
+        """The code in the job's exit file (None: no file, or not a number)."""
+        try:
+            with open_no_follow(Path(job.log_path).with_suffix(".exit")) as f:
+                return int(f.read(64).strip())
+        except (OSError, ValueError):
+            return None
 
     def _scrape(self, session: Session, job: Job) -> None:
         offset = self._offsets.get(job.id, 0)

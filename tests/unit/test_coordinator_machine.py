@@ -211,6 +211,19 @@ def test_start_timeout_fails_the_job_when_min_np_never_ready() -> None:
     assert s.sent(agent_peer("h1"), ExitPush) == [ExitPush(success=False)]
 
 
+def test_min_np_ready_at_the_start_bound_start_the_job_within_the_join_grace() -> None:
+    s = Script({"h1": 3}, min_np=2, max_np=3, initial_np=3, start_timeout_s=60.0, join_grace_s=5.0)
+    s.agent("h1")
+    s.tick(58.0)  # a slow start-up: two workers ready just before the bound, the third still starting
+    s.join("h1#0")
+    s.join("h1#1")
+    s.hello("h1#2")
+    s.tick(3.0)
+    assert s.machine.outcome is None
+    generation = s.machine.generation
+    assert generation is not None and [m.worker_id for m in generation.members] == ["h1#0", "h1#1"]
+
+
 # ----- pending announcement -----------------------------------------------------------------------
 def test_pending_is_announced_to_active_members_but_not_to_stopped_ones() -> None:
     s = Script({"h1": 2}, min_np=1, max_np=2, initial_np=2)
