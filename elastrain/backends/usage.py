@@ -105,7 +105,8 @@ def cgroup_paths(pid: int, proc: Path = PROC) -> dict[str, str]:
 def _directory(mount: CgroupMount, path: str) -> Path:
     """The directory of cgroup `path` under `mount` (a mount of a sub-tree shows paths below its root)."""
     root = mount.root.rstrip("/")
-    relative = path[len(root) :] if root and path.startswith(root + "/") else path
+    # inside a container the mount's root is often the process's own cgroup: it is the mountpoint itself
+    relative = path[len(root) :] if root and (path == root or path.startswith(root + "/")) else path
     return mount.mountpoint / relative.lstrip("/")
 
 

@@ -39,10 +39,12 @@ MAX_EPOCH_S = 253402300799.0
 """The last second of year 9999 in epoch seconds: the latest time an RFC 3339 timestamp can hold."""
 EpochSeconds = Annotated[float, Field(ge=0, le=MAX_EPOCH_S)]
 """A wall-clock time as seconds since 1970-01-01T00:00:00Z (what `time.time()` gives)."""
-MAX_ARGUMENT = 32768
-"""The longest command argument, in characters (Linux refuses one over 128 KiB of UTF-8)."""
-MAX_ARGUMENTS = 4096
-"""The most arguments of one command."""
+MAX_ARGUMENT = 1024
+"""The longest command argument, in characters (a longer script: a file, run by its path)."""
+MAX_ARGUMENTS = 64
+"""The most arguments of one command. With `MAX_ARGUMENT`, a command at both bounds written as JSON
+(12 bytes a character at worst: a ``\\uXXXX\\uXXXX`` pair) is 768 KiB: every schema-valid request fits
+under the server's default 1 MiB body cap (tests/contract/test_body_bounds.py)."""
 
 
 def server_check(check: Callable[[Any], object], kind: type) -> BeforeValidator:
@@ -125,7 +127,15 @@ CommandArgument = Annotated[
 ]
 """One argument of a command: tabs and newlines allowed (a ``sh -c`` script), other control characters
 (NUL first of all: no program can receive it) refused."""
-Command = Annotated[list[CommandArgument], Field(min_length=1, max_length=MAX_ARGUMENTS)]
+Command = Annotated[
+    list[CommandArgument],
+    Field(
+        min_length=1,
+        max_length=MAX_ARGUMENTS,
+        description=f"the argument vector (no shell: ['sh', '-c', '...'] for one), 1 to {MAX_ARGUMENTS} "
+        f"arguments of at most {MAX_ARGUMENT} characters each (a longer script: a file, run by its path)",
+    ),
+]
 """A command as its argument vector (no shell: ``["sh", "-c", "..."]`` for one)."""
 
 Size = Annotated[

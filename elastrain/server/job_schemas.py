@@ -16,7 +16,6 @@ from elastrain.server.errors import InvalidRequest
 from elastrain.server.fields import (
     Body,
     Command,
-    CommandArgument,
     Count,
     DbInt,
     EpochSeconds,
@@ -37,6 +36,7 @@ Scalars = Annotated[
         {
             "type": "object",
             "maxProperties": MAX_SCALARS,
+            "propertyNames": {"maxLength": 64},  # SCALAR_NAME's own bound, for tools that read no regex
             "patternProperties": {SCALAR_NAME: {"type": "number"}},
             "additionalProperties": False,
         }
@@ -118,7 +118,7 @@ class JobProgress(Body):
     samples_per_s: float | None = None
     world_size: int | None = Field(default=None, ge=0, le=1_000_000)
     hosts: list[Annotated[SafeText, StringConstraints(min_length=1, max_length=253)]] | None = Field(
-        default=None, max_length=4096, description="the hosts the job trains on now (drains wait for it)"
+        default=None, max_length=256, description="the hosts the job trains on now (drains wait for it)"
     )
     checkpoint: CheckpointReport | None = None
     scalars: Scalars | None = Field(
@@ -132,9 +132,7 @@ class JobAttach(Body):
     """`elastrain run` typed in a launcher container's terminal registers itself as a job."""
 
     model_config = ConfigDict(extra="forbid")
-    command: list[Annotated[CommandArgument, StringConstraints(max_length=4096)]] = Field(
-        min_length=1, max_length=1024
-    )
+    command: Command
     pid: int = Field(gt=0, lt=2**31, description="the `elastrain run` process (its liveness is the job's)")
 
 

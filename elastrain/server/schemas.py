@@ -123,7 +123,9 @@ class UserCreate(Body):
         default=None, ge=1, le=MAX_TOKEN_DAYS, description="the first token expires after this many days"
     )
     token_expires_at: AwareDatetime | None = Field(
-        default=None, description="the first token expires then (RFC 3339 with offset; default: never)"
+        default=None,
+        description="the first token expires then (RFC 3339 with offset; default: never); a time not in "
+        f"the future, or over {MAX_TOKEN_DAYS} days ahead, is refused (422)",
     )
 
 
@@ -152,7 +154,11 @@ class TokenCreate(Body):
     )
     name: TokenName = Field(default="token", description="a label to tell tokens apart")
     expires_in_days: int | None = Field(default=None, ge=1, le=MAX_TOKEN_DAYS)
-    expires_at: AwareDatetime | None = Field(default=None, description="RFC 3339 with offset, e.g. ...Z")
+    expires_at: AwareDatetime | None = Field(
+        default=None,
+        description=f"RFC 3339 with offset, e.g. ...Z; a time not in the future, or over {MAX_TOKEN_DAYS} "
+        "days ahead, is refused (422)",
+    )
 
 
 class TokenState(str, enum.Enum):
@@ -240,13 +246,14 @@ class ClusterCreate(Body):
     image: SafeText = Field(
         default="",
         max_length=255,
-        description="image of every container (GET /api/v1/images); default: the framework's image",
+        description="image of every container, one of GET /api/v1/images holding the cluster's framework "
+        "(another is refused: 422); default: the framework's image",
     )
     memory: OptionalSize = Field(default="", description="memory limit per container, e.g. 4Gi ('': none)")
     cpus: float = Field(default=0.0, ge=0, le=4096, description="CPU limit per container in cores")
     mounts: list[MountSpec] = Field(
         default_factory=list,
-        max_length=64,
+        max_length=16,
         description="SOURCE:TARGET, both absolute and without '..'; SOURCE exists under the server's "
         "--allow-mount roots (never its data directory); TARGET is not /, /etc or /var, nor at or "
         "under /etc/mpi, /var/log or the platform's other paths",
@@ -254,12 +261,14 @@ class ClusterCreate(Body):
     )
     restart_policy: RestartPolicyName = RestartPolicy.Always
     min_containers: MinContainers | None = Field(
-        default=None, description="elastic lower bound incl. the launcher (default: containers)"
+        default=None,
+        description="elastic lower bound incl. the launcher (default: containers); above containers: "
+        "refused (422)",
     )
     max_containers: MaxContainers | None = Field(
         default=None,
         description="elastic upper bound incl. the launcher (default: containers); "
-        "min_containers <= containers <= max_containers",
+        "min_containers <= containers <= max_containers, else refused (422)",
     )
     priority: int = Field(
         default=0, ge=-1_000_000, le=1_000_000, description="higher is scheduled first and shrunk last"
@@ -267,7 +276,7 @@ class ClusterCreate(Body):
     gpu_type: Annotated[SafeText, StringConstraints(max_length=128)] | None = Field(
         default=None,
         description="the GPU model the containers need, one of the node's (`gpu_model` of GET "
-        "/api/v1/inventory, e.g. 'NVIDIA H200'; case aside); null: any. Refused (422) when the node has "
+        "/api/v1/inventory, e.g. 'NVIDIA H200'; case aside); null: any. Refused (409) when the node has "
         "no GPU of that model",
         examples=[None],
     )
@@ -278,7 +287,8 @@ class ClusterScale(Body):
 
     model_config = ConfigDict(extra="forbid")
     containers: ContainerCount = Field(
-        description="total containers including the launcher; an elastic cluster stays within its bounds"
+        description="total containers including the launcher; an elastic cluster stays within its bounds "
+        "(min_containers..max_containers; outside them: 409)"
     )
 
 

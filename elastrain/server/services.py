@@ -81,9 +81,7 @@ class Services:
         if not actor.is_admin:
             raise Forbidden("only an admin can create users")
         checked("body.name", check_name, req.name, "user name")
-        when = "body.token_expires_at" if req.token_expires_at else "body.token_expires_in_days"
-        days, at = req.token_expires_in_days, req.token_expires_at
-        expires = checked(when, tokens.resolve_expiry, utcnow(), days, at)
+        expires = tokens.checked_expiry(utcnow(), req.token_expires_in_days, req.token_expires_at, "token_")
         with self.db.session() as session:
             if user_by_name(session, req.name) is not None:
                 raise Conflict(f"user {req.name!r} exists already")

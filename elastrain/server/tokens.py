@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from elastrain.db.models import ApiToken, User, utcnow
 from elastrain.db.repository import token_row
 from elastrain.server import schemas
-from elastrain.server.errors import InvalidRequest, Unauthorized
+from elastrain.server.errors import InvalidRequest, Unauthorized, checked
 from elastrain.server.schemas import MAX_TOKEN_DAYS
 
 MAX_ACTIVE_TOKENS = 100
@@ -59,6 +59,15 @@ def resolve_expiry(
     if when > now + timedelta(days=MAX_TOKEN_DAYS):
         raise InvalidRequest(f"expires_at {iso(when)} is more than {MAX_TOKEN_DAYS} days ahead")
     return when
+
+
+def checked_expiry(
+    now: datetime, expires_in_days: int | None, expires_at: datetime | None, prefix: str = ""
+) -> datetime | None:
+    """`resolve_expiry` whose refusal names its body field in `errors` (``body.{prefix}expires_at``,
+    else ``body.{prefix}expires_in_days``)."""
+    field = "expires_at" if expires_at is not None else "expires_in_days"
+    return checked(f"body.{prefix}{field}", resolve_expiry, now, expires_in_days, expires_at)
 
 
 def token_state(row: ApiToken, now: datetime) -> str:

@@ -18,8 +18,8 @@ from elastrain.server.errors import Conflict, Forbidden, NotFound
 from elastrain.server.tokens import (
     MAX_ACTIVE_TOKENS,
     aware,
+    checked_expiry,
     iso,
-    resolve_expiry,
     token_out,
 )
 
@@ -66,7 +66,7 @@ def create_token(
 ) -> schemas.TokenCreated:
     """Issue a token for user `name`; the answer holds the token (shown this once)."""
     now = utcnow()
-    wanted = resolve_expiry(now, req.expires_in_days, req.expires_at)
+    wanted = checked_expiry(now, req.expires_in_days, req.expires_at)
     explicit = req.expires_in_days is not None or req.expires_at is not None
     with db.session() as session:
         target = _target(session, actor, name)

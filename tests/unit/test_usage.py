@@ -2,7 +2,7 @@
 
 Fast: no containers. The cgroup trees of the v1/v2 tests are written out as the kernel lays them out
 (a ``/proc/PID/cgroup``, a ``mountinfo`` and the controller files); the hybrid test reads this
-machine's own cgroup.
+machine's own cgroup (or, in a container, the container's).
 """
 
 from __future__ import annotations
@@ -61,6 +61,29 @@ def test_cgroup_v1_figures_come_from_cpuacct_and_memory(tmp_path: Path) -> None:
     assert (usage.memory_bytes, usage.memory_limit_bytes) == (200 << 20, 1 << 30)
     write(memory / "memory.limit_in_bytes", "9223372036854771712")  # v1's "no limit"
     assert cgroup_usage(42, proc, mountinfo).memory_limit_bytes is None
+
+
+def test_a_container_reads_its_own_cgroup_mounted_at_the_controllers_mountpoint(tmp_path: Path) -> None:
+    """podman on cgroup v1 mounts the container's own group as each controller's root (no cgroup ns)."""
+    proc, sys_root = tmp_path / "proc", tmp_path / "sys"
+    group = "/libpod_parent/libpod-abc"
+    write(proc / "9" / "cgroup", f"4:memory:{group}\n2:cpuacct:{group}\n1:cpu:{group}\n0::{group}\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        f"558 550 0:69 / {sys_root} rw,nosuid - tmpfs tmpfs rw,mode=755\n"
+        f"560 558 0:30 {group} {sys_root}/cpuacct ro,nosuid,relatime - cgroup cgroup rw,cpuacct\n"
+        f"562 558 0:32 {group} {sys_root}/memory ro,nosuid,relatime - cgroup cgroup rw,memory\n"
+    )
+    write(sys_root / "cpuacct" / "cpuacct.usage", "750000000\n")
+    write(sys_root / "memory" / "memory.usage_in_bytes", str(80 << 20))
+
+    usage = cgroup_usage(9, proc, mountinfo)
+
+    assert (usage.source, usage.cpu_seconds, usage.memory_bytes) == (
+        UsageSource.cgroup,
+        pytest.approx(0.75),
+        80 << 20,
+    )
 
 
 def test_cgroup_v2_figures_come_from_cpu_stat_and_memory_current(tmp_path: Path) -> None:

@@ -193,6 +193,19 @@ def test_tokens_of_other_users_are_invisible_to_non_admins(db: Database) -> None
     assert again.revoked_at == revoked.revoked_at
 
 
+def test_a_refused_token_expiry_names_its_field_in_errors(db: Database) -> None:
+    """The 422 of a token create lists the bad field (problem details' `errors`), as every 422 does."""
+    alice, _ = _user(db, "alice")
+    past = datetime.now(timezone.utc) - timedelta(days=1)
+    for body, loc in (
+        (schemas.TokenCreate(expires_at=past), "body.expires_at"),
+        (schemas.TokenCreate(expires_in_days=1, expires_at=past), "body.expires_at"),
+    ):
+        with pytest.raises(InvalidRequest) as err:
+            users.create_token(db, alice, "alice", body)
+        assert [(e.loc, e.message) for e in err.value.errors] == [(loc, str(err.value))]
+
+
 def test_active_tokens_are_capped(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(users, "MAX_ACTIVE_TOKENS", 2)
     alice, _ = _user(db, "alice")
