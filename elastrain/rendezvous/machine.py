@@ -242,7 +242,16 @@ class CoordinatorMachine(GenerationMachine):
         worker = self.workers.get(msg.worker_id)
         code = msg.returncode
         self._record(WorkerExit(msg.worker_id, code, self.clock.time()))
-        if worker is None or worker.state not in LIVE:
+        if worker is None:
+            return
+        if worker.state == WorkerState.DEAD and code > 0 and self.outcome is None:
+            # Its connection closed first (the process exited), so it was taken for lost; the agent's
+            # report says why: it exited with an error (an uncaught exception), and that ends the job.
+            self._fail(
+                worker.worker_id, f"worker {worker.worker_id} exited with code {code} (see its output above)"
+            )
+            return
+        if worker.state not in LIVE:
             return
         if code == 0 and worker.state == WorkerState.LEAVING:
             worker.state = WorkerState.LEFT  # told to leave: it left, it has not finished

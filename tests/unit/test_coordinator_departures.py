@@ -1,11 +1,12 @@
-"""The coordinator's machine when an agent says its host is leaving (SIGTERM to the agent: scancel,
-preemption, a drain): the host's workers leave at once, their peers get the next generation without
-waiting for the heartbeat bound, and nothing is started there until another agent connects."""
+"""The coordinator's machine when workers go: an agent says its host is leaving (SIGTERM to the agent:
+scancel, preemption, a drain): the host's workers leave at once, their peers get the next generation
+without waiting for the heartbeat bound, and nothing is started there until another agent connects;
+a worker that exited with an error fails the job even when its connection closed first."""
 
 from __future__ import annotations
 
 from elastrain.rendezvous.api import Cause, WorkerState
-from elastrain.rendezvous.effects import Identity
+from elastrain.rendezvous.effects import Closed, Identity
 from elastrain.rendezvous.messages import Hello, JoinOutcome, Leave, PendingPush, Role, SpawnPush, StopPush
 from tests.unit.test_coordinator_machine import Script, agent_peer
 
@@ -76,3 +77,27 @@ def test_a_leave_after_the_job_ended_changes_nothing() -> None:
     assert outcome is not None and outcome.success
     agent_leaves(s, "h1")
     assert s.machine.pending is None and s.machine.outcome is outcome
+
+
+def test_a_worker_whose_connection_closed_before_its_exit_code_came_fails_the_job() -> None:
+    """An uncaught exception (exit 1): the process's connection closes ~50 ms before its agent reports
+    the code, so it is first taken for lost; the code then ends the job (it used to be ignored, and
+    the job finished on fewer workers and reported success)."""
+    s = Script({"h1": 2}, min_np=1, max_np=2, initial_np=2)
+    s.agent("h1")
+    s.running("h1#0", "h1#1")
+    s.apply(Closed("w:h1#1", s.who("h1#1")))
+    assert s.state("h1#1") == WorkerState.DEAD and s.machine.outcome is None
+    s.exited("h1#1", 1)
+    outcome = s.machine.outcome
+    assert outcome is not None and not outcome.success and outcome.worker_id == "h1#1"
+    assert "exited with code 1" in outcome.message
+
+
+def test_a_lost_worker_killed_by_a_signal_does_not_fail_the_job() -> None:
+    s = Script({"h1": 2}, min_np=1, max_np=2, initial_np=2)
+    s.agent("h1")
+    s.running("h1#0", "h1#1")
+    s.apply(Closed("w:h1#1", s.who("h1#1")))
+    s.exited("h1#1", -9)
+    assert s.machine.outcome is None and s.machine.pending == Cause.WORKER_FAILURE
