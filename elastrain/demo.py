@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from elastrain.errors import ConfigError
@@ -18,6 +17,7 @@ from elastrain.report import build_report, format_report
 from elastrain.testing.faults import kill_member
 from elastrain.testing.jobs import EXAMPLE, TRAIN_SAMPLES, JobWatcher
 from elastrain.testing.processes import terminate
+from elastrain.testing.tempdirs import run_workdir
 
 HOSTS = [f"127.0.0.{i}" for i in range(2, 6)]
 
@@ -30,8 +30,12 @@ def run_demo(json_path: Path | None, epochs: int = 8, workdir: Path | None = Non
     """Run the demo; returns the exit code (0 when every check of the report holds)."""
     if not EXAMPLE.exists():
         raise ConfigError(f"{EXAMPLE} not found; run the demo from a checkout of the repository")
-    work = workdir or Path(tempfile.mkdtemp(prefix="elastrain-demo-"))
-    work.mkdir(parents=True, exist_ok=True)
+    with run_workdir(workdir, "elastrain-demo-") as work:
+        return _run_in(work, json_path, epochs, keep=workdir is not None)
+
+
+def _run_in(work: Path, json_path: Path | None, epochs: int, keep: bool) -> int:
+    """The demo with its hostfile, ledger and result in `work` (`keep`: the caller's, reported)."""
     hostfile, ledger, result = work / "hostfile", work / "ledger", work / "result.json"
     write_hostfile(hostfile, [Host(h, 1) for h in HOSTS[:2]], generation=1)
     _say("preparing MNIST-1D (generated offline, cached)")
@@ -83,7 +87,7 @@ def run_demo(json_path: Path | None, epochs: int = 8, workdir: Path | None = Non
     if result.exists():
         report.update(json.loads(result.read_text()))
     report["job_exit_code"] = code
-    report["workdir"] = str(work)
+    report["workdir"] = str(work) if keep else "(a temporary directory, removed; keep one with --workdir)"
     ok = (
         code == 0
         and report["surviving_worker_pids_unchanged"]

@@ -15,7 +15,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from elastrain.report import build_report, format_report
 from elastrain.testing.faults import kill_member
 from elastrain.testing.jobs import EXAMPLE, TRAIN_SAMPLES, JobWatcher
 from elastrain.testing.server import ControlPlane
+from elastrain.testing.tempdirs import run_workdir
 from elastrain.testing.waits import wait_until
 
 EXAMPLES = EXAMPLE.parent
@@ -52,7 +52,12 @@ def run_cluster_demo(json_path: Path | None, epochs: int = 6, workdir: Path | No
     """Run the control-plane demo; returns 0 when every check holds."""
     if not (EXAMPLES / "mnist_elastic.py").exists():
         raise ConfigError(f"{EXAMPLES} not found; run the demo from a checkout of the repository")
-    work = workdir or Path(tempfile.mkdtemp(prefix="elastrain-cluster-demo-"))
+    with run_workdir(workdir, "elastrain-cluster-demo-") as work:
+        return _run_in(work, json_path, epochs, keep=workdir is not None)
+
+
+def _run_in(work: Path, json_path: Path | None, epochs: int, keep: bool) -> int:
+    """The demo with its mounts and server data in `work` (`keep`: the caller's, reported)."""
     mounts = work / "mounts"
     examples, ledger = mounts / "examples", mounts / "examples" / "ledger"
     examples.mkdir(parents=True, exist_ok=True)
@@ -92,7 +97,8 @@ def run_cluster_demo(json_path: Path | None, epochs: int = 6, workdir: Path | No
         (e["samples"], e["duplicates"], e["missing"]) == (TRAIN_SAMPLES, 0, 0) for e in report["epochs"]
     )
     ok = ok and len(report["epochs"]) == epochs
-    report.update(job_exit_code=code, timings_s=timings, passed=ok, workdir=str(work))
+    report.update(job_exit_code=code, timings_s=timings, passed=ok)
+    report["workdir"] = str(work) if keep else "(a temporary directory, removed; keep one with --workdir)"
     _say("report")
     print(format_report(report))
     print("timings: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))

@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=10, help="also checkpoint every N steps (0: never)")
     p.add_argument("--sample-log", type=Path, help="directory for per-rank JSON lines of sequence ids")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (demos)")
+    p.add_argument(
+        "--hold-file",
+        type=Path,
+        help="after each step, wait while this file exists (a stop signal ends the wait): a test holds "
+        "the job between its resizes, so the job cannot end before a resize however slow the machine",
+    )
     return p.parse_args(argv)
 
 
@@ -269,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             break
         if args.step_sleep:
             time.sleep(args.step_sleep)
+        while args.hold_file is not None and args.hold_file.exists() and not STOP.requested:
+            time.sleep(0.05)  # every rank reads the same shared file; the others wait in the all-reduce
         if args.save_every and state["step"] % args.save_every == 0 and state["step"] < args.steps:
             save()
             dirty = False

@@ -206,9 +206,17 @@ class Agent:
         for wid in ids:
             self._signal(wid, sig)
 
+    def told_to_stop(self) -> None:
+        """SIGTERM to the agent (its host is going away): its workers leave. The coordinator hears
+        it from the agent at once, so their peers stop at the next commit even while a worker's own
+        SIGTERM handler has not run yet; then every worker gets SIGTERM (a graceful leave)."""
+        # from a signal handler: the send happens on a thread of its own (see `request_leave`)
+        threading.Thread(target=self.client.notify, args=(Kind.LEAVE,), name="elastrain-leave").start()
+        self.terminate_all(signal.SIGTERM)
+
     def run(self) -> int:
         """Serve until the job is over; return the agent's exit code."""
-        signal.signal(signal.SIGTERM, lambda *_: self.terminate_all(signal.SIGTERM))
+        signal.signal(signal.SIGTERM, lambda *_: self.told_to_stop())
         self._exit_requested.wait()
         if self._coordinator_gone:
             # the workers saw the same outage: rank 0 writes a checkpoint, then they exit on their own

@@ -60,6 +60,7 @@ class ContainerStatus:
     address: str = ""
     exit_reason: str = ""  # for a container that ended: its exit code and last log lines
     waiting_reason: str = ""  # for an alive container not ready yet: why, if the backend knows (optional)
+    paused: bool = False  # alive but frozen (its processes stopped): a hang for its job, never an exit
 
 
 @dataclass(frozen=True)

@@ -232,9 +232,11 @@ class ContainerBackend(Backend):
         labels = row.get("Labels") or {}
         assert isinstance(labels, dict)
         name = str(labels.get("elastrain.container", ""))
-        running = row.get("State") == "running"
+        state = row.get("State")
+        running = state == "running"
+        paused = state == "paused"  # `podman pause`: frozen, not exited (its processes hold their state)
         reason = ""
-        if not running:
+        if not running and not paused:
             cid = str(row.get("Id"))
             reason = self._exit_reasons.get(cid) or self._exit_reason(cid, row.get("ExitCode"))
             self._exit_reasons[cid] = reason
@@ -243,10 +245,11 @@ class ContainerBackend(Backend):
             str(labels.get("elastrain.cluster", "")),
             name,
             int(pid) if isinstance(pid, int) and pid > 0 else None,
-            running,
+            running or paused,
             running,
             name,
             reason,
+            paused=paused,
         )
 
     def usage(self, cluster: str, cluster_uid: str) -> dict[str, ContainerUsage]:

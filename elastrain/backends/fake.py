@@ -22,7 +22,8 @@ import signal
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class FakeBackend(Backend):
         self._next_pid = _FIRST_PID
         self._procs: list[subprocess.Popen[bytes]] = []
         self._lock = threading.RLock()
+        self._remove_scratch: Callable[[], object] = lambda: None
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def create_container(self, spec: ContainerSpec) -> ContainerStatus:
@@ -113,6 +115,9 @@ class FakeBackend(Backend):
         with self._lock:
             if self._scratch is None:
                 self._scratch = Path(tempfile.mkdtemp(prefix="elastrain-fake-"))
+                # removed by `close`, or else when this backend is collected or the process exits:
+                # a test that never closes its backend leaves nothing in the temp dir
+                self._remove_scratch = weakref.finalize(self, shutil.rmtree, self._scratch, True)
             return self._scratch
 
     def _root(self, cluster: str, name: str) -> Path:
@@ -234,5 +239,5 @@ class FakeBackend(Backend):
                 proc.kill()
                 proc.wait()
         if self._own_scratch and self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._remove_scratch()
             self._scratch = None

@@ -90,6 +90,7 @@ class ContainerState(str, enum.Enum):
 
     Pending = "Pending"
     Running = "Running"
+    Paused = "Paused"  # frozen (podman pause, a cgroup freeze): alive, its processes stopped; not an exit
     Failed = "Failed"
     Terminating = "Terminating"
 
@@ -121,6 +122,7 @@ class EventAction(str, enum.Enum):
     cluster_running = "cluster.running"
     container_created = "container.created"
     container_running = "container.running"
+    container_paused = "container.paused"
     container_failed = "container.failed"
     container_terminating = "container.terminating"
     container_removed = "container.removed"

@@ -81,6 +81,9 @@ class Database:
         self.engine: Engine = create_engine(self.url, **kwargs)
         if self.url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
+            from elastrain.db.ids import never_reuse_ids
+
+            never_reuse_ids()
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
 
     def migrate(self) -> None:

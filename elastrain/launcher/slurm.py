@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 
 from elastrain.agent.agent import Agent, AgentConfig
@@ -29,6 +30,9 @@ from elastrain.launcher.agents import AgentStarter
 from elastrain.procutil import Spawner, die_with_parent
 
 log = logging.getLogger("elastrain.slurm")
+
+# How long the workers of a signalled agent step may take to reach their next commit and leave.
+LEAVE_BOUND_S = 60.0
 
 _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _REPEAT_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -276,8 +280,20 @@ class SlurmAgent(Agent):
         super()._spawn(worker_id, local_rank)
 
     def _leave_when_idle(self) -> None:
-        while self.procs and not self._exit_requested.is_set():
+        """Leave once the workers have left; kill those still there after `LEAVE_BOUND_S`: a step
+        that Slurm signalled (``scancel --signal``) is never killed by Slurm, and its job would stay
+        queued for as long as a worker that does not leave (hung in C code, say) keeps it."""
+        deadline = time.monotonic() + LEAVE_BOUND_S
+        while self.procs and not self._exit_requested.is_set() and time.monotonic() < deadline:
             self._exit_requested.wait(0.05)
+        if self.procs and not self._exit_requested.is_set():
+            print(
+                f"elastrain agent {self.config.host}: workers still running {LEAVE_BOUND_S:.0f}s after "
+                "SIGTERM: killed",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.terminate_all(signal.SIGKILL)
         self._exit_requested.set()
 
 

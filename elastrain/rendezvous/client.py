@@ -53,6 +53,9 @@ class CoordinatorRendezvous(Rendezvous):
             address, token, self._hello, self._on_push, coordinator_timeout_s, on_give_up=self._give_up
         )
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set: the heartbeat thread has something to send now
+        self._leave_requested = False
+        self._leave_sent = False
         self._heartbeat_s = heartbeat_s
         threading.Thread(target=self._heartbeat_loop, name="elastrain-heartbeat", daemon=True).start()
 
@@ -79,7 +82,13 @@ class CoordinatorRendezvous(Rendezvous):
             self._pending = True
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self._heartbeat_s):
+        while not self._stop.is_set():
+            self._wake.wait(self._heartbeat_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._leave_requested and not self._leave_sent:
+                self._leave_sent = self._rpc.notify(Kind.LEAVE)  # not connected: again at the next beat
             self._rpc.notify(Kind.HEARTBEAT)
 
     def pending(self) -> bool:
@@ -107,8 +116,11 @@ class CoordinatorRendezvous(Rendezvous):
         self._rpc.notify(Kind.PROGRESS, generation=generation, at=at)
 
     def request_leave(self) -> None:
-        """Ask to leave at the next commit (from a signal handler: never blocks)."""
-        self._rpc.notify(Kind.LEAVE)
+        """Ask to leave at the next commit. Called from a signal handler, so it only raises a flag
+        for the heartbeat thread: sending here could wait forever on the connection's send lock,
+        held by the very frame the handler interrupted (a join or a progress report being sent)."""
+        self._leave_requested = True
+        self._wake.set()
 
     def report_done(self) -> None:
         """Tell the coordinator this worker's training function returned."""
@@ -124,4 +136,5 @@ class CoordinatorRendezvous(Rendezvous):
     def close(self) -> None:
         """Stop heartbeats and close the connection."""
         self._stop.set()
+        self._wake.set()
         self._rpc.close()

@@ -48,6 +48,10 @@ class GenerationMachine:
         self.hosts: dict[str, int] = {}
         self.slots = SlotBook(config.max_restarts)
         self.agents: dict[str, PeerRef] = {}
+        self.agent_pids: dict[str, int] = {}  # host -> the pid its connected agent announced
+        self.leaving_hosts: dict[
+            str, int
+        ] = {}  # host -> pid of its agent, told to stop: nothing starts there
         self._agents_started: set[str] = set()
         self.workers: dict[str, WorkerRecord] = {}
         self.generation: Generation | None = None
@@ -204,6 +208,8 @@ class GenerationMachine:
         if len(live) < self.config.min_np and self.generation is not None:
             self.slots.refill(self.config.min_np - len(live), self.hosts)
         for host, agent in self.agents.items():
+            if host in self.leaving_hosts:
+                continue
             used = [
                 w.local_rank
                 for w in self.workers.values()

@@ -134,8 +134,12 @@ class CoordinatorMachine(GenerationMachine):
             self._worker_exited(msg)
         elif isinstance(msg, Join):
             self._join(peer, who, msg)
+        elif isinstance(msg, Leave) and who.role == Role.AGENT:
+            self._host_leaving(who.host)
         elif isinstance(msg, Leave):
-            self._leave(who)
+            worker = self.workers.get(who.worker_id)
+            if worker is not None:
+                self._leave(worker)
         elif isinstance(msg, Done):
             done = self.workers.get(who.worker_id)
             if done is not None and done.state in LIVE:
@@ -178,7 +182,10 @@ class CoordinatorMachine(GenerationMachine):
             )
             return
         if msg.role == Role.AGENT:
+            if self.leaving_hosts.get(msg.host) != msg.pid:
+                self.leaving_hosts.pop(msg.host, None)  # a new agent there: the host is back
             self.agents[msg.host] = peer
+            self.agent_pids[msg.host] = msg.pid
             self._record(AgentConnected(msg.host, msg.pid, self.clock.time()))
             self._emit(Reply(peer, msg.id, Ok()))
             if self.outcome is not None:  # started before the job ended, connected after: nothing to run
@@ -235,7 +242,16 @@ class CoordinatorMachine(GenerationMachine):
         worker = self.workers.get(msg.worker_id)
         code = msg.returncode
         self._record(WorkerExit(msg.worker_id, code, self.clock.time()))
-        if worker is None or worker.state not in LIVE:
+        if worker is None:
+            return
+        if worker.state == WorkerState.DEAD and code > 0 and self.outcome is None:
+            # Its connection closed first (the process exited), so it was taken for lost; the agent's
+            # report says why: it exited with an error (an uncaught exception), and that ends the job.
+            self._fail(
+                worker.worker_id, f"worker {worker.worker_id} exited with code {code} (see its output above)"
+            )
+            return
+        if worker.state not in LIVE:
             return
         if code == 0 and worker.state == WorkerState.LEAVING:
             worker.state = WorkerState.LEFT  # told to leave: it left, it has not finished
@@ -281,10 +297,7 @@ class CoordinatorMachine(GenerationMachine):
                 # A member that stops without an announcement saw a collective fail: a peer is gone.
                 self._request_generation(Cause.WORKER_FAILURE)
 
-    def _leave(self, who: Identity) -> None:
-        worker = self.workers.get(who.worker_id)
-        if worker is None:
-            return
+    def _leave(self, worker: WorkerRecord) -> None:
         # A worker that asks to leave (SIGTERM: preemption, a scheduler) frees its slot for good.
         self.slots.release(worker.host)
         if worker.state in (WorkerState.ACTIVE, WorkerState.STOPPED):
@@ -292,6 +305,18 @@ class CoordinatorMachine(GenerationMachine):
             self._request_generation(Cause.SCALE_IN)
         elif worker.state in (WorkerState.STARTING, WorkerState.WAITING):
             self._retire(worker)
+
+    def _host_leaving(self, host: str) -> None:
+        """The agent of `host` was told to stop (SIGTERM: scancel, preemption, a drain): every worker
+        there leaves now, on the agent's word. Its own SIGTERM handler may run late (the interpreter
+        runs it only between bytecodes, not inside a long C call), and its peers must not wait for
+        the heartbeat bound: the pending generation is announced at once, to the leavers too, so
+        they stop at their next commit. No worker is started there until another agent connects."""
+        log.info("the agent of %s was told to stop: its workers leave", host)
+        self.leaving_hosts[host] = self.agent_pids.get(host, 0)
+        for worker in list(self.workers.values()):
+            if worker.host == host and worker.state in LIVE:
+                self._leave(worker)
 
     # ----- time ---------------------------------------------------------------------------------
     def _tick(self) -> None:

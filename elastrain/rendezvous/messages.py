@@ -182,7 +182,8 @@ class Join(Request):
 
 @dataclass(frozen=True, kw_only=True)
 class Leave(Request):
-    """A worker asks to leave at its next commit (SIGTERM)."""
+    """A worker asks to leave at its next commit (SIGTERM); from an agent: every worker of its host
+    leaves, and none is started there again (the agent was told to stop)."""
 
     kind: ClassVar[Kind] = Kind.LEAVE
 

@@ -60,6 +60,7 @@ class Action(str, enum.Enum):
     start = "start"  # start the backend container of a Pending row
     mark_running = "mark_running"  # the process is up and ready (also: adopt after a restart)
     mark_failed = "mark_failed"  # the process died
+    mark_paused = "mark_paused"  # frozen (paused): alive, a hang to its job, not an exit
     begin_terminate = "begin_terminate"  # scale-down: leave the hostfile, drain, then remove
     remove = "remove"  # stop the container and delete its row
     stop_orphan = "stop_orphan"  # a backend container without a row
@@ -95,7 +96,12 @@ class _Pool:
 
 
 _WORKER_INDEX = re.compile(r"-worker-(\d+)$")
-_HOLDS_RESOURCES = (ContainerState.Pending, ContainerState.Running, ContainerState.Terminating)
+_HOLDS_RESOURCES = (
+    ContainerState.Pending,
+    ContainerState.Running,
+    ContainerState.Paused,
+    ContainerState.Terminating,
+)
 
 
 def worker_index(name: str) -> int:
@@ -164,11 +170,15 @@ def _plan_cluster(
                 why = status.exit_reason or "the container's init process exited before it was ready"
                 out.append(_failed(cluster, row, why))
                 live.pop(row.name)
-        elif row.state == ContainerState.Running:
+        elif row.state in (ContainerState.Running, ContainerState.Paused):
             if alive and status is not None:
+                # a paused (frozen) container is kept: its job sees a hang and its heartbeat bound
+                # decides; it is neither replaced nor taken out of the hostfile
                 live[row.name] = row
                 running.add(row.name)
-                if status.pid != row.pid:
+                if status.paused and row.state != ContainerState.Paused:
+                    out.append(Decision(Action.mark_paused, cluster.name, row.name, pid=status.pid))
+                elif (row.state == ContainerState.Paused and not status.paused) or status.pid != row.pid:
                     out.append(Decision(Action.mark_running, cluster.name, row.name, pid=status.pid))
             else:
                 pid = row.pid if row.pid is not None else "?"

@@ -49,6 +49,10 @@ ACTOR = "reconciler"
 BUSY_POLL_S = 0.25  # the pass interval after the first second of containers starting or draining
 HOSTFILE_RECHECK_S = 5.0  # how often every hostfile file is read back even when nothing changed
 TENANT_UID_BASE = 20000
+PAUSED_REASON = (
+    "paused (frozen): its processes are stopped, not exited; a job on it sees a hang, which its "
+    "heartbeat bound handles (`podman unpause` resumes it)"
+)
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -365,6 +369,11 @@ class Reconciler:
                 container=row.name,
                 pid=d.pid,
                 adopted=adopted,
+            )
+        elif d.action == Action.mark_paused:
+            row.state, row.reason = ContainerState.Paused, PAUSED_REASON
+            add_event(
+                session, ACTOR, EventAction.container_paused, d.cluster, cluster.owner_id, container=row.name
             )
         elif d.action == Action.mark_failed:
             row.state, row.reason = ContainerState.Failed, d.reason

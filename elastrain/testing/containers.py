@@ -144,12 +144,15 @@ def follow_scale_out_and_in(
     steps_at: Callable[[int], int],
     sizes: tuple[int, int],
     label: str,
+    hold: Callable[[bool], None] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Drive a running restart-mode job through scale 2 -> 4 -> 2 of `cluster` and wait for its end.
 
     `steps_at(size)` counts the job's steps at a (framework-specific) size; `sizes` are that size at
     2 and at 4 containers. Records both resize pauses (scale -> first step at the new size); returns
-    the finished job and its log.
+    the finished job and its log. With `hold` (True: the job pauses after its current step, False:
+    it goes on; a restart for a resize ends a pause) the job is held from each resize until its first
+    step at the new size: it cannot reach its last step before the resize, however slow the machine.
     """
     small, big = sizes
 
@@ -158,17 +161,22 @@ def follow_scale_out_and_in(
         assert current["status"] == "Running", c.job_logs(job_id)[0][-4000:]
         return steps_at(size) >= steps
 
+    held = hold or (lambda on: None)
     wait_until(lambda: at_least(small, 5), 180, f"5 steps at size {small}")
+    held(True)
     t0 = time.monotonic()
     c.scale_cluster(cluster, 4)
     c.wait_cluster(cluster, all_running, timeout=90)
     wait_until(lambda: at_least(big, 1), 180, f"the first step at size {big}")
+    held(False)
     record_timing(plane, f"{label}: scale 2 -> 4 -> first step at {big}", time.monotonic() - t0)
     wait_until(lambda: at_least(big, 4), 60, f"4 steps at size {big}")
+    held(True)
     t0 = time.monotonic()
     before = steps_at(small)
     c.scale_cluster(cluster, 2)
     wait_until(lambda: at_least(small, before + 1), 180, f"a step at size {small} again")
+    held(False)
     record_timing(plane, f"{label}: scale 4 -> 2 -> first step at {small}", time.monotonic() - t0)
     done: dict[str, Any] = wait_until(
         lambda: (j := c.get_job(job_id))["status"] != "Running" and j, 300, "the job to finish"

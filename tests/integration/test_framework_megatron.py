@@ -72,11 +72,21 @@ def _steps_at(samples: Path, dp: int) -> int:
 def test_job_follows_scale_2_to_4_and_back(ccp: ContainerPlane, cluster: Client, data: Path) -> None:
     """`elastrain run --mode restart --min-np 2 --max-np 4` on the hostfile: scale 2 -> 4 makes it
     DP 2 (resumed from the TP-rank checkpoints), 4 -> 2 DP 1 again; it finishes, every sequence once."""
-    samples, steps = data / "elastic", 40
+    samples, steps, hold_file = data / "elastic", 40, data / "hold"
+    # held from each resize to its first step at the new size: 40 steps of 0.25 s took less time
+    # than a scale-out on a loaded machine, and the job ended at DP 1 before it could grow
     command = (
         f"elastrain run --mode restart --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile python {EXAMPLE} "
-        f"--steps {steps} --checkpoint-dir /data/ckpt --sample-log /data/elastic --step-sleep 0.2"
+        f"--steps {steps} --checkpoint-dir /data/ckpt --sample-log /data/elastic --step-sleep 0.2 "
+        "--hold-file /data/hold"
     )
+
+    def hold(on: bool) -> None:
+        if on:
+            hold_file.touch()
+        else:
+            hold_file.unlink(missing_ok=True)
+
     job = cluster.submit_job(CLUSTER, command.split())
     done, log = follow_scale_out_and_in(
         ccp,
@@ -86,6 +96,7 @@ def test_job_follows_scale_2_to_4_and_back(ccp: ContainerPlane, cluster: Client,
         lambda dp: _steps_at(samples, dp),
         (1, 2),
         "megatron (DP)",
+        hold,
     )
     assert (done["status"], done["exit_code"]) == ("Succeeded", 0), log[-4000:]
     resumes = re.findall(r"resumed step=\d+ from dp=(\d) to dp=(\d)", log)

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import select
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,8 +22,8 @@ CAP = 1 << 20  # the server's default body cap
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    root = Path(tempfile.mkdtemp(prefix="elastrain-sec-"))
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("sec")  # under pytest's own base: nothing left in the temp dir
     # the audit and cancel attacks need jobs on this backend
     with start_server(root, ("--reconcile-interval", "0.2", "--insecure-host-commands")) as running:
         yield running

@@ -61,10 +61,16 @@ def submit(slurm: SlurmCluster, workdir: Path, run_args: str, train_args: str, n
 def jobs(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
     """The module's two jobs, submitted at once: a plain 2-node run and one to be preempted."""
     root = tmp_path_factory.mktemp("slurm-jobs")
+    # Both start on their two nodes: under load one node's worker (importing torch) can be later
+    # than the default join grace, and the job would start on one node and grow (another history).
+    grace = "--join-grace 150"
     return {
-        "plain": submit(slurm, root / "elastrain-plain", "", "--epochs 2"),
+        "plain": submit(slurm, root / "elastrain-plain", grace, "--epochs 2"),
         "preempt": submit(
-            slurm, root / "elastrain-preempt", "--min-np 1 --max-np 2", "--epochs 2 --step-sleep 0.02"
+            slurm,
+            root / "elastrain-preempt",
+            f"{grace} --min-np 1 --max-np 2",
+            "--epochs 2 --step-sleep 0.02",
         ),
     }
 
@@ -114,6 +120,7 @@ def test_sigterm_to_one_agent_step_shrinks_the_job(slurm: SlurmCluster, jobs: di
     step = steps[agents[1]]
     # Slurm 22.05's scancel delivers a signal to a step but then exits 225 ("Invalid job id
     # specified") on this cluster: the outcome below is what counts.
+    signalled_at = time.time()
     slurm.cmd("scancel", "--signal=TERM", step, check=False)
     # a worker blocked in an all-reduce is noticed after the 30 s heartbeat bound, then the survivor
     # trains the rest alone: on a slow machine (CI, session 9) that took over 120 s
@@ -124,6 +131,11 @@ def test_sigterm_to_one_agent_step_shrinks_the_job(slurm: SlurmCluster, jobs: di
     exits = [json.loads(line) for line in (job.ledger / "events.jsonl").read_text().splitlines()]
     codes = {e["worker_id"]: e["returncode"] for e in exits if e.get("event") == "worker_exit"}
     assert codes.get(f"{victim}#0") == 0, codes  # left gracefully, not killed
+    formed = [e for e in exits if e.get("event") == "generation" and e.get("generation") == 1]
+    to_new_generation = formed[0]["formed_at"] - signalled_at
+    print(
+        f"\nscancel --signal=TERM -> the survivor's new generation {to_new_generation:.2f} s", file=sys.stderr
+    )
 
 
 def test_sbatch_elastic_job_runs_exactly_once(slurm: SlurmCluster, jobs: dict[str, Job]) -> None:
