@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend
 from elastrain.backends.procs import cmdline, pid_alive
+from elastrain.backends.tenant_files import LOG_LIMIT
 from elastrain.contracts.env import ReportEnv
 from elastrain.db.models import (
     Cluster,
@@ -52,10 +53,10 @@ from elastrain.server.job_files import (
     exit_path,
     job_out,
     log_path_of,
-    open_no_follow,
     progress_values,
     recheck_not_terminating,
 )
+from elastrain.server.job_reads import JobFiles
 from elastrain.server.membership import JobMembership
 from elastrain.server.reconciler import aware, container_spec, tenant_uid
 
@@ -77,8 +78,10 @@ class JobService:
     _offsets: dict[int, int] = field(default_factory=dict)
     _attach_tokens: dict[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (user id, cluster)
     _attach_lock: threading.Lock = field(default_factory=threading.Lock)
+    files: JobFiles = field(init=False)
 
     def __post_init__(self) -> None:
+        self.files = JobFiles(self.backend)
         if self.exec_service is None:
             self.exec_service = ExecService(self.backend, self.inventory)
 
@@ -213,17 +216,12 @@ class JobService:
             return [job_out(j, names.get(j.cluster_id, "?")) for j in visible_jobs(session, user, only)]
 
     def logs(self, user: User, job_id: int, offset: int) -> tuple[bytes, int, str]:
-        """Log bytes from `offset`, the next offset and the job's status."""
+        """Log bytes from `offset` (at most `LOG_LIMIT`), the next offset and the job's status."""
         with self.db.session() as session:
-            job, _cluster = self._job(session, user, job_id)
+            job, cluster = self._job(session, user, job_id)
             path, status = Path(job.log_path), job.status.value
-        try:
-            with open_no_follow(path) as f:
-                f.seek(max(offset, 0))
-                data = f.read(1 << 20)
-        except OSError:
-            data = b""
-        return data, max(offset, 0) + len(data), status
+        piece = self.files.log(cluster, path, max(offset, 0))
+        return piece.data, max(offset, 0) + len(piece.data), status
 
     def cancel(self, user: User, job_id: int) -> schemas.JobOut:
         """Stop a running job (SIGTERM to its process group)."""
@@ -337,32 +335,29 @@ class JobService:
     def poll(self) -> int:
         """Update running jobs: progress scraped from new log lines, status when they end."""
         changed = 0
+        self.files.begin_poll()
         with self.db.session() as session:
+            names = dict(session.execute(select(Cluster.id, Cluster.name)).tuples())
             for job in session.scalars(select(Job).where(Job.status == JobStatus.Running)):
-                self._scrape(session, job)
+                cluster = names.get(job.cluster_id, "?")
+                self._scrape(session, cluster, job)
                 if self._alive(job):
                     continue
-                exit_file = Path(job.log_path).with_suffix(".exit")
-                try:
-                    with open_no_follow(exit_file) as f:
-                        job.exit_code = int(f.read(64).strip())
-                except (OSError, ValueError):
-                    job.exit_code = None
+                job.exit_code = self.files.exit_code(cluster, job.id, Path(job.log_path).with_suffix(".exit"))
                 job.status = JobStatus.Succeeded if job.exit_code == 0 else JobStatus.Failed
                 job.finished_at = utcnow()
                 self._offsets.pop(job.id, None)
                 self.membership.forget(job.id)
                 changed += 1
+        self.files.end_poll()
         return changed
 
-    def _scrape(self, session: Session, job: Job) -> None:
-        offset = self._offsets.get(job.id, 0)
-        try:
-            with open_no_follow(Path(job.log_path)) as f:
-                f.seek(offset)
-                data = f.read(1 << 20)
-        except OSError:
+    def _scrape(self, session: Session, cluster: str, job: Job) -> None:
+        piece = self.files.new_log(cluster, job.id, Path(job.log_path), self._offsets.get(job.id, 0))
+        if piece is None:
             return
-        cut = data.rfind(b"\n") + 1
-        self._offsets[job.id] = offset + cut
-        self._record(session, job, progress_values(data[:cut].decode(errors="replace")))
+        cut = piece.data.rfind(b"\n") + 1
+        if not cut and len(piece.data) >= LOG_LIMIT:  # no line end in a whole window: no progress line
+            cut = len(piece.data)
+        self._offsets[job.id] = piece.offset + cut
+        self._record(session, job, progress_values(piece.data[:cut].decode(errors="replace")))

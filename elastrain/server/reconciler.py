@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend, ContainerSpec, Mount
 from elastrain.backends.local import HOSTFILE_PATH
+from elastrain.backends.tenant_files import READ_DEADLINE_S, TenantFileError, read_whole
 from elastrain.db.models import (
     Cluster,
     ClusterState,
@@ -28,6 +30,7 @@ from elastrain.db.repository import add_event, all_clusters, cluster_by_name
 from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
 from elastrain.hostfile import Hostfile, render_hostfile
+from elastrain.server.bounded import Overloaded, TimedOut
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.membership import JobHosts, JobMembership
 from elastrain.server.metrics_stats import ReconcileStats
@@ -41,6 +44,7 @@ from elastrain.server.policy import (
     worker_index,
 )
 from elastrain.server.reconcile_errors import StepFailures
+from elastrain.server.reconcile_isolation import STEP_DEADLINE_S, ClusterSteps, with_degraded
 from elastrain.server.scheduling import ClusterScheduler
 from elastrain.server.validation import check_mount_unchanged
 
@@ -129,11 +133,13 @@ class Reconciler:
         drain_s: float = 30.0,
         scheduler: ClusterScheduler | None = None,
         membership: JobMembership | None = None,
+        step_deadline_s: float = STEP_DEADLINE_S,
     ) -> None:
         """``scheduler`` (None: ``static``, the requested sizes; see `scheduling.scheduler_for`) sets
         desired sizes and admissions before each pass. A scaled-down container is removed when
         the running jobs' reported memberships (`membership`) no longer list it, at most ``drain_s``
-        after it left the hostfile."""
+        after it left the hostfile. Each cluster's steps of a pass run with `step_deadline_s` (see
+        `reconcile_isolation`)."""
         self.db = db
         self.backend = backend
         self.inventory = inventory
@@ -152,6 +158,7 @@ class Reconciler:
         self.stats = ReconcileStats()  # pass durations and failures, for /metrics
         self._hostfiles_known: dict[str, str] = {}  # cluster -> the hostfile text its file holds
         self._hostfiles_checked_at = float("-inf")
+        self.steps = ClusterSteps(step_deadline_s, wake=self.wake)
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -219,14 +226,13 @@ class Reconciler:
         self._busy = any(k.state in transient for c in views for k in c.containers)
         uids = {c.name: c.uid for c in views}
         self.failures.keep_only(uids.items())
-        applied, failed = 0, set[str]()
-        for decision in decisions:  # a cluster whose decision failed waits for the next pass; others go on
-            if decision.cluster in failed:
-                continue
-            if self._apply_isolated(decision, uids.get(decision.cluster, "")):
-                applied += 1
-            else:
-                failed.add(decision.cluster)
+        marks, decisions = with_degraded(decisions, views, self.steps.degraded())
+        applied = sum(self._apply_isolated(d, uids.get(d.cluster, "")) for d in marks)
+        groups: dict[str, list[Decision]] = {}
+        for decision in decisions:
+            groups.setdefault(decision.cluster, []).append(decision)
+        steps = {name: self._steps_of(group, uids.get(name, "")) for name, group in groups.items()}
+        applied += sum(self.steps.run(steps).values())
         self._sync_hostfiles()
         for hook in self.hooks:
             try:
@@ -236,6 +242,18 @@ class Reconciler:
                 self.failures.report("", "", getattr(hook, "__qualname__", "hook"), exc, record=False)
         self.passes += 1
         return applied + scheduled
+
+    def _steps_of(self, group: list[Decision], uid: str) -> Callable[[], int]:
+        """Apply one cluster's decisions in order; the first that fails leaves the rest to the next pass.
+        How many were applied."""
+
+        def steps() -> int:
+            for done, decision in enumerate(group):
+                if not self._apply_isolated(decision, uid):
+                    return done
+            return len(group)
+
+        return steps
 
     def _apply_isolated(self, decision: Decision, uid: str) -> bool:
         """Apply `decision` in its own transaction: an error rolls it back and is reported (once) on its
@@ -273,15 +291,21 @@ class Reconciler:
             for cluster in all_clusters(session):
                 if cluster.state == ClusterState.Terminating or cluster.hostfile_generation == 0:
                     continue
+                if self.steps.busy(cluster.name):
+                    continue  # its steps hang: its files may too
                 text = self.hostfile_text(cluster)
                 if not recheck and known.get(cluster.name) == text:
                     self._hostfiles_known[cluster.name] = text
                     continue
                 on_disk = self.backend.hostfile_path(cluster.name)
                 if on_disk is not None:
-                    try:
-                        current = on_disk.read_text()
-                    except OSError:
+                    base = self.backend.tenant_base(cluster.name)
+                    try:  # a tenant can place a FIFO or a link there: read it bounded, off this thread
+                        read = self.steps.calls.call(
+                            cluster.name, functools.partial(read_whole, on_disk, base), READ_DEADLINE_S
+                        )
+                        current: str | None = read.decode(errors="replace")
+                    except (OSError, TenantFileError, TimedOut, Overloaded):
                         current = None
                     if current == text:
                         self._hostfiles_known[cluster.name] = text

@@ -131,12 +131,15 @@ def list_cluster_events(services: ServicesDep, name: str, user: CurrentUser) -> 
 @router.get(
     "/clusters/{name}/logs",
     response_class=PlainTextResponse,
-    responses=merged(errors(401, 404), {200: {"description": "the container's output"}}),
+    responses=merged(
+        errors(401, 404, 409, 503, 504), {200: {"description": "the last 1 MiB of the container's output"}}
+    ),
 )
 def get_container_logs(
     services: ServicesDep, name: str, user: CurrentUser, container: str | None = None
 ) -> str:
-    """A container's captured output (text/plain; the launcher's unless `container` is given)."""
+    """A container's captured output (text/plain; the launcher's unless `container` is given): the
+    lines of its last 1 MiB (a log is never read whole)."""
     return services.container_logs(user, name, container)
 
 
