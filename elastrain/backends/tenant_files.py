@@ -61,12 +61,12 @@ def open_beneath(path: Path, base: Path | None = None) -> int:
         parent = os.open(base, _DIR_FLAGS & ~os.O_NOFOLLOW)
     try:
         for part in parts[:-1]:
-            parent = _step(parent, part, _DIR_FLAGS, path)
-        fd = _step(parent, parts[-1], _FILE_FLAGS, path)
-        parent = -1
-    finally:
-        if parent >= 0:
+            child = _step(parent, part, _DIR_FLAGS, path)
             os.close(parent)
+            parent = child
+        fd = _step(parent, parts[-1], _FILE_FLAGS, path)
+    finally:
+        os.close(parent)
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
@@ -75,15 +75,13 @@ def open_beneath(path: Path, base: Path | None = None) -> int:
 
 
 def _step(parent: int, name: str, flags: int, path: Path) -> int:
-    """Open `name` in directory `parent` (closed either way) without following a link."""
+    """Open `name` in directory `parent` without following a link."""
     try:
         return os.open(name, flags, dir_fd=parent)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
             raise TenantFileError(f"{path}: {name} is a symbolic link or not a directory: not read") from None
         raise
-    finally:
-        os.close(parent)
 
 
 def _kind(mode: int) -> str:

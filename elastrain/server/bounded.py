@@ -15,9 +15,14 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+import anyio
+import anyio.to_thread
+
 from elastrain.server.errors import ApiError
 
 T = TypeVar("T")
+TENANT_READ_THREADS = 8  # request threads reading tenant files at once; the other routes keep the rest
+_limiter: list[anyio.CapacityLimiter] = []  # made in the event loop on first use
 
 
 class TimedOut(ApiError):
@@ -121,3 +126,12 @@ class BoundedCalls:
                 for key, starts in self._started.items()
                 if starts and now - min(starts) > self.deadline_s
             }
+
+
+async def off_loop(fn: Callable[[], T]) -> T:
+    """`fn()` (a request's work that reads tenant files) in a worker thread of its own small pool
+    (`TENANT_READ_THREADS`): a flood of such requests waits there, never for the threads every other
+    route (and ``/healthz``) needs."""
+    if not _limiter:
+        _limiter.append(anyio.CapacityLimiter(TENANT_READ_THREADS))
+    return await anyio.to_thread.run_sync(fn, limiter=_limiter[0])

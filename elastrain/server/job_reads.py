@@ -35,7 +35,7 @@ class JobFiles:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self.requests = BoundedCalls("reads of job logs", REQUEST_DEADLINE_S, per_key=2, total=16)
+        self.requests = BoundedCalls("reads of job logs", REQUEST_DEADLINE_S, per_key=4, total=16)
         self.monitor = BoundedCalls("the job monitor's reads", READ_DEADLINE_S, per_key=1, total=8)
         self._lock = threading.Lock()
         self._troubles: dict[str, str] = {}  # cluster -> why, as of the last poll

@@ -337,7 +337,7 @@ class JobService:
         changed = 0
         self.files.begin_poll()
         with self.db.session() as session:
-            names = dict(session.execute(select(Cluster.id, Cluster.name)).tuples())
+            names = {row.id: row.name for row in session.execute(select(Cluster.id, Cluster.name))}
             for job in session.scalars(select(Job).where(Job.status == JobStatus.Running)):
                 cluster = names.get(job.cluster_id, "?")
                 self._scrape(session, cluster, job)

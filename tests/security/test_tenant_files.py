@@ -1,0 +1,185 @@
+"""Nothing a tenant places where the server reads his files blocks a server thread (issue 29, item 1).
+
+A real `elastrain server` on the process backend. Bob replaces his running job's log
+(``/var/log/jobs/<id>.log`` in his launcher) with a FIFO, a 50 GB sparse file, a symbolic link loop, a
+FIFO a writer trickles bytes into, and a link (of the log's directory) to alice's job logs. With each in
+place, `/api/v1/healthz` and alice's scale answer within 1 s (while 45 of bob's log requests run), the
+reconciler still carries out alice's scale, bob's log requests answer (an error, or 1 MiB at most)
+and never show a file outside his container, and bob's cluster shows ``Degraded`` for a refused file,
+then recovers once the log is a regular file again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from elastrain.testing.processes import terminate
+from elastrain.testing.waits import wait_until
+from tests.security.harness import Server, new_user, start_server
+
+pytestmark = pytest.mark.timeout(240)
+BOUND_S = 1.0  # the issue's bound on healthz and another tenant's scale
+SECRET = "a file outside bob's container"
+TRICKLE = (  # a writer that never closes the FIFO and writes a byte every half second
+    "import os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR)\n"
+    "while True:\n    os.write(fd, b'x')\n    time.sleep(0.5)\n"
+)
+
+
+class Tenants:
+    """The server, bob's and alice's clients, bob's job's log path and alice's cluster's size."""
+
+    def __init__(self, server: Server, bob: httpx.Client, alice: httpx.Client, job: int, log: Path) -> None:
+        self.server, self.bob, self.alice, self.job, self.log = server, bob, alice, job, log
+        self.alice_size = 2
+
+
+def _running(api: httpx.Client, name: str) -> None:
+    created = api.post("/clusters", json={"name": name, "containers": 2, "gpus_per_container": 0})
+    assert created.status_code == 201, created.text
+    wait_until(lambda: api.get(f"/clusters/{name}").json()["state"] == "Running", 60, f"{name} Running")
+
+
+def _job(api: httpx.Client, cluster: str, command: list[str]) -> int:
+    job = api.post(f"/clusters/{cluster}/jobs", json={"command": command})
+    assert job.status_code in (200, 201), job.text
+    return int(job.json()["id"])
+
+
+@pytest.fixture(scope="module")
+def tenants() -> Iterator[Tenants]:
+    root = Path(tempfile.mkdtemp(prefix="elastrain-sec-files-"))
+    with start_server(root, ("--reconcile-interval", "0.2", "--insecure-host-commands")) as server:
+        bob = server.http(new_user(server, "bob"))
+        alice = server.http(new_user(server, "alice"))
+        try:
+            _running(bob, "bob-files")
+            _running(alice, "alice-files")
+            job = _job(bob, "bob-files", ["sleep", "600"])
+            (log,) = root.rglob(f"bob-files/*/var/log/jobs/{job}.log")
+            yield Tenants(server, bob, alice, job, log)
+            for api, name in ((bob, "bob-files"), (alice, "alice-files")):
+                api.delete(f"/clusters/{name}")
+            wait_until(lambda: not server.http().get("/clusters").json(), 60, "clusters deleted")
+        finally:
+            bob.close()
+            alice.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _fifo(log: Path) -> Callable[[], None]:
+    os.mkfifo(log)
+    return lambda: None
+
+
+def _sparse(log: Path) -> Callable[[], None]:
+    with open(log, "wb") as f:
+        f.truncate(50 * 10**9)
+    return lambda: None
+
+
+def _loop(log: Path) -> Callable[[], None]:
+    os.symlink(log.name, log)
+    return lambda: None
+
+
+def _trickle(log: Path) -> Callable[[], None]:
+    os.mkfifo(log)
+    writer = subprocess.Popen([sys.executable, "-c", TRICKLE, str(log)])
+    return lambda: terminate(writer)
+
+
+def _link_dir(log: Path) -> Callable[[], None]:
+    """The log's directory becomes a link to a directory elsewhere holding a file of the log's name."""
+    jobs = log.parent
+    kept, elsewhere = jobs.with_name("jobs.kept"), jobs.parents[4] / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    (elsewhere / log.name).write_text(SECRET + "\n")
+    jobs.rename(kept)
+    os.symlink(elsewhere, jobs)
+
+    def undo() -> None:
+        jobs.unlink()
+        kept.rename(jobs)
+
+    return undo
+
+
+ABUSES = {"fifo": _fifo, "sparse": _sparse, "loop": _loop, "trickle": _trickle, "link-dir": _link_dir}
+REFUSED = {"fifo", "loop", "trickle", "link-dir"}  # the sparse file is read (its last 1 MiB)
+
+
+def _timed(call: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
+    start = time.monotonic()
+    response = call()
+    return response, time.monotonic() - start
+
+
+def _running_count(api: httpx.Client, name: str) -> int:
+    return sum(k["state"] == "Running" for k in api.get(f"/clusters/{name}").json()["containers"])
+
+
+def _state(api: httpx.Client, name: str) -> str:
+    return str(api.get(f"/clusters/{name}").json()["state"])
+
+
+@pytest.mark.attack
+@pytest.mark.parametrize("abuse", list(ABUSES))
+def test_tenant_file_never_blocks_the_server(
+    tenants: Tenants, abuse: str, security_figures: list[str]
+) -> None:
+    log = tenants.log
+    saved = log.with_suffix(".saved")
+    log.rename(saved)
+    undo = ABUSES[abuse](log)
+    try:
+        with ThreadPoolExecutor(45) as pool:
+            flood = [pool.submit(tenants.bob.get, f"/jobs/{tenants.job}/logs") for _ in range(45)]
+            health, health_s = _timed(lambda: tenants.server.http("").get("/healthz"))
+            tenants.alice_size = 5 - tenants.alice_size  # 2 <-> 3
+            body = {"containers": tenants.alice_size}
+            scaled, scale_s = _timed(lambda: tenants.alice.patch("/clusters/alice-files", json=body))
+            answers = [f.result(timeout=30) for f in flood]
+        security_figures.append(
+            f"tenant file {abuse}: healthz {health_s * 1000:.0f} ms, alice's scale {scale_s * 1000:.0f} ms "
+            f"beside 45 of bob's log requests"
+        )
+        assert health.status_code == 200 and health_s < BOUND_S, (health.text, health_s)
+        assert scaled.status_code == 200 and scale_s < BOUND_S, (scaled.text, scale_s)
+        for answer in answers:  # 503: the cluster's read slots were all taken (a flood is refused)
+            assert SECRET not in answer.text
+            assert answer.status_code in ((409, 503) if abuse in REFUSED else (200, 503)), answer.text
+            assert len(answer.content) <= 1 << 20
+        if abuse not in REFUSED:
+            assert 200 in {answer.status_code for answer in answers}
+            again = tenants.bob.get(f"/jobs/{tenants.job}/logs")
+            assert again.status_code == 200 and len(again.content) == 1 << 20, again.text[:200]
+        running = lambda: [  # noqa: E731
+            k
+            for k in tenants.alice.get("/clusters/alice-files").json()["containers"]
+            if k["state"] == "Running"
+        ]
+        wait_until(lambda: len(running()) == tenants.alice_size, 60, "alice's scale carried out")
+        if abuse in REFUSED:
+            wait_until(lambda: _state(tenants.bob, "bob-files") == "Degraded", 30, "bob's cluster Degraded")
+            reason = tenants.bob.get("/clusters/bob-files").json()["reason"]
+            assert f"job {tenants.job}" in reason, reason
+    finally:
+        undo()
+        if log.exists() or log.is_symlink():
+            log.unlink()
+        saved.rename(log)
+    wait_until(lambda: _state(tenants.bob, "bob-files") == "Running", 30, "bob's cluster recovered")
+    again = tenants.bob.get(f"/jobs/{tenants.job}/logs")
+    assert again.status_code == 200 and again.text.startswith("$ sleep 600"), again.text
