@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
@@ -15,7 +14,6 @@ from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend, ContainerSpec, Mount
 from elastrain.backends.local import HOSTFILE_PATH
-from elastrain.backends.tenant_files import READ_DEADLINE_S, TenantFileError, read_whole
 from elastrain.db.models import (
     Cluster,
     ClusterState,
@@ -30,7 +28,7 @@ from elastrain.db.repository import add_event, all_clusters, cluster_by_name
 from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
 from elastrain.hostfile import Hostfile, render_hostfile
-from elastrain.server.bounded import Overloaded, TimedOut
+from elastrain.server.hostfile_sync import HostfileSync, hostfile_text
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.membership import JobHosts, JobMembership
 from elastrain.server.metrics_stats import ReconcileStats
@@ -51,7 +49,6 @@ from elastrain.server.validation import check_mount_unchanged
 log = logging.getLogger("elastrain.reconciler")
 ACTOR = "reconciler"
 BUSY_POLL_S = 0.25  # the pass interval after the first second of containers starting or draining
-HOSTFILE_RECHECK_S = 5.0  # how often every hostfile file is read back even when nothing changed
 TENANT_UID_BASE = 20000
 
 
@@ -156,9 +153,8 @@ class Reconciler:
         self.scheduler = scheduler
         self.failures = StepFailures(db, ACTOR)
         self.stats = ReconcileStats()  # pass durations and failures, for /metrics
-        self._hostfiles_known: dict[str, str] = {}  # cluster -> the hostfile text its file holds
-        self._hostfiles_checked_at = float("-inf")
         self.steps = ClusterSteps(step_deadline_s, wake=self.wake)
+        self.hostfiles = HostfileSync(db, backend, self.steps, self.stats, self.failures)
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -233,7 +229,7 @@ class Reconciler:
             groups.setdefault(decision.cluster, []).append(decision)
         steps = {name: self._steps_of(group, uids.get(name, "")) for name, group in groups.items()}
         applied += sum(self.steps.run(steps).values())
-        self._sync_hostfiles()
+        self.hostfiles.sync()
         for hook in self.hooks:
             try:
                 hook()
@@ -277,53 +273,10 @@ class Reconciler:
             )
             return int(getattr(result, "rowcount", 0) or 0)
 
-    def _sync_hostfiles(self) -> None:
-        """Rewrite a cluster's hostfile file when it differs from the DB (e.g. after a crash); one
-        cluster's failure is its own. A file this loop wrote or read back is trusted for
-        `HOSTFILE_RECHECK_S`: a pass every 0.1 s while containers start must not read every
-        cluster's file each time (that CPU is the API's)."""
-        now = time.monotonic()
-        recheck = now - self._hostfiles_checked_at >= HOSTFILE_RECHECK_S
-        if recheck:
-            self._hostfiles_checked_at = now
-        known, self._hostfiles_known = self._hostfiles_known, {}
-        with self.db.session() as session:
-            for cluster in all_clusters(session):
-                if cluster.state == ClusterState.Terminating or cluster.hostfile_generation == 0:
-                    continue
-                if self.steps.busy(cluster.name):
-                    continue  # its steps hang: its files may too
-                text = self.hostfile_text(cluster)
-                if not recheck and known.get(cluster.name) == text:
-                    self._hostfiles_known[cluster.name] = text
-                    continue
-                on_disk = self.backend.hostfile_path(cluster.name)
-                if on_disk is not None:
-                    base = self.backend.tenant_base(cluster.name)
-                    try:  # a tenant can place a FIFO or a link there: read it bounded, off this thread
-                        read = self.steps.calls.call(
-                            cluster.name, functools.partial(read_whole, on_disk, base), READ_DEADLINE_S
-                        )
-                        current: str | None = read.decode(errors="replace")
-                    except (OSError, TenantFileError, TimedOut, Overloaded):
-                        current = None
-                    if current == text:
-                        self._hostfiles_known[cluster.name] = text
-                        continue
-                    if not on_disk.parent.exists():
-                        continue
-                try:
-                    self.backend.write_cluster_file(cluster.name, HOSTFILE_PATH, text)
-                except Exception as exc:
-                    self.stats.failed("hostfile")
-                    self.failures.report(cluster.name, cluster.uid, "sync_hostfile", exc, record=False)
-                else:
-                    self._hostfiles_known[cluster.name] = text
-
     @staticmethod
     def hostfile_text(cluster: Cluster) -> str:
         """The full hostfile text of a cluster (generation line + host lines)."""
-        return f"# generation: {cluster.hostfile_generation}\n" + cluster.hostfile_text
+        return hostfile_text(cluster)
 
     def _apply(self, session: Session, d: Decision) -> None:
         cluster = cluster_by_name(session, d.cluster)
