@@ -43,15 +43,17 @@ class Tenants:
     def __init__(self, server: Server, bob: httpx.Client, alice: httpx.Client, job: int, log: Path) -> None:
         self.server, self.bob, self.alice, self.job, self.log = server, bob, alice, job, log
         self.alice_size = 2
+        self.alice_cluster = "alice-files"
 
 
-def _running(api: httpx.Client, name: str) -> None:
-    created = api.post("/clusters", json={"name": name, "containers": 2, "gpus_per_container": 0})
+def running_cluster(api: httpx.Client, name: str, **extra: object) -> None:
+    body = {"name": name, "containers": 2, "gpus_per_container": 0, **extra}
+    created = api.post("/clusters", json=body)
     assert created.status_code == 201, created.text
-    wait_until(lambda: api.get(f"/clusters/{name}").json()["state"] == "Running", 60, f"{name} Running")
+    wait_until(lambda: api.get(f"/clusters/{name}").json()["state"] == "Running", 180, f"{name} Running")
 
 
-def _job(api: httpx.Client, cluster: str, command: list[str]) -> int:
+def submit_job(api: httpx.Client, cluster: str, command: list[str]) -> int:
     job = api.post(f"/clusters/{cluster}/jobs", json={"command": command})
     assert job.status_code in (200, 201), job.text
     return int(job.json()["id"])
@@ -64,9 +66,9 @@ def tenants() -> Iterator[Tenants]:
         bob = server.http(new_user(server, "bob"))
         alice = server.http(new_user(server, "alice"))
         try:
-            _running(bob, "bob-files")
-            _running(alice, "alice-files")
-            job = _job(bob, "bob-files", ["sleep", "600"])
+            running_cluster(bob, "bob-files")
+            running_cluster(alice, "alice-files")
+            job = submit_job(bob, "bob-files", ["sleep", "600"])
             (log,) = root.rglob(f"bob-files/*/var/log/jobs/{job}.log")
             yield Tenants(server, bob, alice, job, log)
             for api, name in ((bob, "bob-files"), (alice, "alice-files")):
@@ -126,11 +128,30 @@ def _timed(call: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
     return response, time.monotonic() - start
 
 
-def _running_count(api: httpx.Client, name: str) -> int:
+def flood_beside_healthz_and_scale(tenants: Tenants, what: str, figures: list[str]) -> list[httpx.Response]:
+    """45 of bob's log requests, and meanwhile healthz and alice's scale (2 <-> 3 containers) each
+    answered within `BOUND_S`; the log requests' answers."""
+    with ThreadPoolExecutor(45) as pool:
+        flood = [pool.submit(tenants.bob.get, f"/jobs/{tenants.job}/logs") for _ in range(45)]
+        health, health_s = _timed(lambda: tenants.server.http("").get("/healthz"))
+        tenants.alice_size = 5 - tenants.alice_size
+        body = {"containers": tenants.alice_size}
+        scaled, scale_s = _timed(lambda: tenants.alice.patch(f"/clusters/{tenants.alice_cluster}", json=body))
+        answers = [f.result(timeout=30) for f in flood]
+    figures.append(
+        f"tenant file {what}: healthz {health_s * 1000:.0f} ms, alice's scale {scale_s * 1000:.0f} ms "
+        "beside 45 of bob's log requests"
+    )
+    assert health.status_code == 200 and health_s < BOUND_S, (health.text, health_s)
+    assert scaled.status_code == 200 and scale_s < BOUND_S, (scaled.text, scale_s)
+    return answers
+
+
+def running_count(api: httpx.Client, name: str) -> int:
     return sum(k["state"] == "Running" for k in api.get(f"/clusters/{name}").json()["containers"])
 
 
-def _state(api: httpx.Client, name: str) -> str:
+def cluster_state(api: httpx.Client, name: str) -> str:
     return str(api.get(f"/clusters/{name}").json()["state"])
 
 
@@ -144,19 +165,7 @@ def test_tenant_file_never_blocks_the_server(
     log.rename(saved)
     undo = ABUSES[abuse](log)
     try:
-        with ThreadPoolExecutor(45) as pool:
-            flood = [pool.submit(tenants.bob.get, f"/jobs/{tenants.job}/logs") for _ in range(45)]
-            health, health_s = _timed(lambda: tenants.server.http("").get("/healthz"))
-            tenants.alice_size = 5 - tenants.alice_size  # 2 <-> 3
-            body = {"containers": tenants.alice_size}
-            scaled, scale_s = _timed(lambda: tenants.alice.patch("/clusters/alice-files", json=body))
-            answers = [f.result(timeout=30) for f in flood]
-        security_figures.append(
-            f"tenant file {abuse}: healthz {health_s * 1000:.0f} ms, alice's scale {scale_s * 1000:.0f} ms "
-            f"beside 45 of bob's log requests"
-        )
-        assert health.status_code == 200 and health_s < BOUND_S, (health.text, health_s)
-        assert scaled.status_code == 200 and scale_s < BOUND_S, (scaled.text, scale_s)
+        answers = flood_beside_healthz_and_scale(tenants, abuse, security_figures)
         for answer in answers:  # 503: the cluster's read slots were all taken (a flood is refused)
             assert SECRET not in answer.text
             assert answer.status_code in ((409, 503) if abuse in REFUSED else (200, 503)), answer.text
@@ -165,14 +174,12 @@ def test_tenant_file_never_blocks_the_server(
             assert 200 in {answer.status_code for answer in answers}
             again = tenants.bob.get(f"/jobs/{tenants.job}/logs")
             assert again.status_code == 200 and len(again.content) == 1 << 20, again.text[:200]
-        running = lambda: [  # noqa: E731
-            k
-            for k in tenants.alice.get("/clusters/alice-files").json()["containers"]
-            if k["state"] == "Running"
-        ]
-        wait_until(lambda: len(running()) == tenants.alice_size, 60, "alice's scale carried out")
+        alice_scaled = lambda: running_count(tenants.alice, "alice-files") == tenants.alice_size  # noqa: E731
+        wait_until(alice_scaled, 60, "alice's scale carried out")
         if abuse in REFUSED:
-            wait_until(lambda: _state(tenants.bob, "bob-files") == "Degraded", 30, "bob's cluster Degraded")
+            wait_until(
+                lambda: cluster_state(tenants.bob, "bob-files") == "Degraded", 30, "bob's cluster Degraded"
+            )
             reason = tenants.bob.get("/clusters/bob-files").json()["reason"]
             assert f"job {tenants.job}" in reason, reason
     finally:
@@ -180,6 +187,44 @@ def test_tenant_file_never_blocks_the_server(
         if log.exists() or log.is_symlink():
             log.unlink()
         saved.rename(log)
-    wait_until(lambda: _state(tenants.bob, "bob-files") == "Running", 30, "bob's cluster recovered")
+    wait_until(lambda: cluster_state(tenants.bob, "bob-files") == "Running", 30, "bob's cluster recovered")
     again = tenants.bob.get(f"/jobs/{tenants.job}/logs")
     assert again.status_code == 200 and again.text.startswith("$ sleep 600"), again.text
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+@pytest.mark.attack
+def test_a_container_log_bomb_is_read_as_its_tail(tenants: Tenants, security_figures: list[str]) -> None:
+    """Bob's launcher's init log becomes 50 GB (sparse, a last line at its end), then a FIFO:
+    ``GET /clusters/{name}/logs`` answers the lines of the last 1 MiB with little server memory, then
+    a refusal; never a hang."""
+    (init_log,) = tenants.log.parents[2].glob("log/container.log")
+    saved = init_log.with_suffix(".saved")
+    init_log.rename(saved)
+    try:
+        with open(init_log, "wb") as f:
+            f.seek(50 * 10**9)
+            f.write(b"\nthe last line\n")
+        before = _rss_mib(tenants.server.proc.pid)
+        for _ in range(3):
+            answer = tenants.bob.get("/clusters/bob-files/logs")
+            assert answer.status_code == 200 and answer.text.endswith("the last line\n")
+            assert len(answer.content) <= 1 << 20
+        grown = _rss_mib(tenants.server.proc.pid) - before
+        security_figures.append(
+            f"container log bomb (50 GB sparse): server RSS +{grown:.0f} MiB over 3 requests"
+        )
+        assert grown < 100, grown
+        init_log.unlink()
+        os.mkfifo(init_log)
+        refused = tenants.bob.get("/clusters/bob-files/logs")
+        assert refused.status_code == 409 and "FIFO" in refused.json()["detail"], refused.text
+    finally:
+        init_log.unlink(missing_ok=True)
+        saved.rename(init_log)
