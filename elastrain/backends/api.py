@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elastrain.backends.tenant_files import LOG_LIMIT
 from elastrain.backends.usage import ContainerUsage
 
 
@@ -113,8 +114,9 @@ class Backend(abc.ABC):
         """Start `command` in the container; stdout+stderr go to a pipe (or to `log_path`)."""
 
     @abc.abstractmethod
-    def logs(self, cluster: str, name: str) -> Iterator[str]:
-        """The container's captured log lines."""
+    def logs(self, cluster: str, name: str, limit: int = LOG_LIMIT) -> Iterator[str]:
+        """The container's captured log lines: those of its last `limit` bytes (a log is never read
+        whole into memory)."""
 
     # --- with defaults: what the process backend does; the container backend overrides them -------
     translates_paths = True  # commands see this machine's paths: the server rewrites container paths
@@ -126,6 +128,12 @@ class Backend(abc.ABC):
 
     def hostfile_path(self, cluster: str) -> Path | None:
         """The file on this machine holding the cluster's hostfile (None: not readable here)."""
+        return None
+
+    def tenant_base(self, cluster: str) -> Path | None:
+        """The directory on this machine, owned by the server, below which the cluster's files that its
+        tenant can write lie (job logs, container metadata): read without following a link below it
+        (`tenant_files`). None: no such directory here."""
         return None
 
     def resolve_image(self, image: str, framework: str) -> str:

@@ -53,8 +53,9 @@ from elastrain.backends.container_run import (
 from elastrain.backends.filemodes import open_private_append, private_dir, tenant_dir
 from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
-from elastrain.backends.podmanctl import exec_argv, podman, podman_json
+from elastrain.backends.podmanctl import exec_argv, podman, podman_json, podman_log_tail
 from elastrain.backends.procs import cmdline
+from elastrain.backends.tenant_files import LOG_LIMIT
 from elastrain.backends.usage import ContainerUsage, cgroup_usage
 from elastrain.hostfile import atomic_write_text
 from elastrain.httpunix import unix_url
@@ -97,6 +98,10 @@ class ContainerBackend(Backend):
     def cluster_dir(self, cluster: str) -> Path:
         """The cluster's files on this machine."""
         return self.root / cluster
+
+    def tenant_base(self, cluster: str) -> Path | None:
+        """The cluster's directory: everything its tenant can write is below it."""
+        return self.cluster_dir(cluster)
 
     def hostfile_path(self, cluster: str) -> Path | None:
         """The hostfile every container sees at /etc/mpi/hostfile."""
@@ -385,12 +390,13 @@ class ContainerBackend(Backend):
             return False
         return leader and tagged and "exec" in argv and self.container_name(spec.name) in argv
 
-    def logs(self, cluster: str, name: str) -> Iterator[str]:
-        """The container's output (the node daemon's and the agents it started)."""
-        done = podman("logs", self.container_name(name), check=False)
-        if done.returncode != 0 and "no such container" in done.stderr:
-            return  # a missing container has no log lines (as with every backend), not podman's error
-        yield from (done.stdout + done.stderr).splitlines(keepends=True)
+    def logs(self, cluster: str, name: str, limit: int = LOG_LIMIT) -> Iterator[str]:
+        """The last `limit` bytes of the container's output (the node daemon's and the agents it
+        started), from its first whole line; streamed from podman, never held whole."""
+        data = podman_log_tail(self.container_name(name), limit + 1)
+        if len(data) > limit:  # cut: drop the partial first line
+            data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
+        yield from data.decode(errors="replace").splitlines(keepends=True)
 
     def close(self) -> None:
         """Close the API relays (containers keep running; a restarted server opens them again)."""

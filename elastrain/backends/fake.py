@@ -30,6 +30,7 @@ from pathlib import Path
 from elastrain.backends.api import Backend, ContainerSpec, ContainerStatus
 from elastrain.backends.local import CLUSTER_UID_ENV, CONTAINER_UID_ENV
 from elastrain.backends.procs import has_env_settled, host_env, pids_with_env, start_in_session
+from elastrain.backends.tenant_files import LOG_LIMIT, last_lines
 from elastrain.backends.usage import ContainerUsage, processes_usage
 from elastrain.hostfile import atomic_write_text
 
@@ -170,12 +171,12 @@ class FakeBackend(Backend):
                 container.log.append(f"exec {command[0]} (pid {proc.pid})\n")
         return proc
 
-    def logs(self, cluster: str, name: str) -> Iterator[str]:
-        """The container's log lines (its start and the commands run in it)."""
+    def logs(self, cluster: str, name: str, limit: int = LOG_LIMIT) -> Iterator[str]:
+        """The container's log lines (its start and the commands run in it), the last `limit` bytes'."""
         with self._lock:
             container = self.containers.get((cluster, name))
             lines = list(container.log) if container is not None else []
-        yield from lines
+        yield from last_lines(lines, limit)
 
     def usage(self, cluster: str, cluster_uid: str) -> dict[str, ContainerUsage]:
         """A container here is a record, not a process: only the commands running in it have figures

@@ -39,6 +39,7 @@ from elastrain.backends.kubernetes_images import image_entries, resolve_image
 from elastrain.backends.kubernetes_objects import KubeSettings, pod_manifest, server_selector
 from elastrain.backends.kubernetes_status import identity, pod_state
 from elastrain.backends.kubernetes_watch import Pod, PodCache
+from elastrain.backends.tenant_files import LOG_LIMIT, last_lines
 
 SYNC_TIMEOUT_S = 15.0
 _LOG_TAIL = 5
@@ -231,9 +232,10 @@ class KubernetesBackend(Backend):
             return []
         return str(text).splitlines(keepends=True)
 
-    def logs(self, cluster: str, name: str) -> Iterator[str]:
-        """The pod's output; for a pod not running yet why it waits (e.g. the scheduler's reason), for
-        one that is gone why it ended."""
+    def logs(self, cluster: str, name: str, limit: int = LOG_LIMIT) -> Iterator[str]:
+        """The pod's output (the lines of its last `limit` bytes: the kubelet caps what it keeps, 10 MiB
+        by default); for a pod not running yet why it waits (e.g. the scheduler's reason), for one that
+        is gone why it ended."""
         pod = self.pods.get(name)
         if pod is None or identity(pod)[0] != cluster:
             with self._lock:
@@ -244,7 +246,7 @@ class KubernetesBackend(Backend):
         state = pod_state(pod)
         if state.waiting_reason:
             yield f"elastrain: pod {name} is Pending: {state.waiting_reason}\n"
-        yield from self._log_lines(name)
+        yield from last_lines(self._log_lines(name), limit)
 
     # --- files -------------------------------------------------------------------------------------
     def write_cluster_file(self, cluster: str, path: str, text: str) -> None:

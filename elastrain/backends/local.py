@@ -43,6 +43,7 @@ from elastrain.backends.procs import (
     terminate,
 )
 from elastrain.backends.shm import with_shm_limit
+from elastrain.backends.tenant_files import LOG_LIMIT, TenantFileError, read_whole, tail_lines
 from elastrain.backends.usage import ContainerUsage, processes_usage
 from elastrain.errors import ConfigError
 from elastrain.hostfile import atomic_write_text
@@ -85,6 +86,10 @@ class LocalBackend(Backend):
     def cluster_dir(self, cluster: str) -> Path:
         """The cluster's directory."""
         return self.root / cluster
+
+    def tenant_base(self, cluster: str) -> Path | None:
+        """The cluster's directory: everything its tenant can write is below it."""
+        return self.cluster_dir(cluster)
 
     def hostfile_path(self, cluster: str) -> Path | None:
         """The one hostfile every container's ``etc/mpi/hostfile`` links to."""
@@ -221,9 +226,9 @@ class LocalBackend(Backend):
         return found
 
     def _status(self, root: Path) -> ContainerStatus | None:
-        try:
-            meta = json.loads((root / "container.json").read_text())
-        except (OSError, ValueError):
+        try:  # in the container's root: its tenant may have replaced it (a FIFO, a link, 50 GB)
+            meta = json.loads(read_whole(root / "container.json", root.parent))
+        except (OSError, ValueError, TenantFileError):
             return None
         pid = meta.get("pid")
         alive = bool(pid) and self._is_init(int(pid), root)
@@ -317,11 +322,7 @@ class LocalBackend(Backend):
             if status.cluster == cluster and status.alive and cluster_uid
         }
 
-    def logs(self, cluster: str, name: str) -> Iterator[str]:
-        """Lines of the container's init log."""
+    def logs(self, cluster: str, name: str, limit: int = LOG_LIMIT) -> Iterator[str]:
+        """Lines of the last `limit` bytes of the container's init log (a file its tenant can write)."""
         path = self.container_root(cluster, name) / "var" / "log" / "container.log"
-        try:
-            with open(path, errors="replace") as f:
-                yield from f
-        except FileNotFoundError:
-            return
+        yield from tail_lines(path, self.cluster_dir(cluster), limit)

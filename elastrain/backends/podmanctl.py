@@ -16,6 +16,7 @@ import os
 import resource
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,6 +74,42 @@ def podman(
     if check and done.returncode != 0:
         raise PodmanError(f"podman {' '.join(args[:2])} failed: {_first_error_line(done.stderr)}")
     return done
+
+
+def podman_log_tail(container: str, limit: int, timeout: float = 30.0) -> bytes:
+    """The last `limit` bytes of ``podman logs CONTAINER`` (stdout and stderr), read as a stream: never
+    more than `limit` plus one chunk in memory, whatever the log's size; empty for a missing container;
+    `PodmanError` when podman does not finish within `timeout`."""
+    exe = podman_path()
+    if exe is None:
+        raise PodmanError("podman is not installed; install it (apt-get install podman runc)")
+    proc = subprocess.Popen(
+        [exe, "--runtime", RUNTIME, "logs", container],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    tail = bytearray()
+    try:
+        while chunk := os.read(proc.stdout.fileno(), 1 << 16):
+            tail += chunk
+            if len(tail) > 2 * limit:
+                del tail[: len(tail) - limit]
+            if time.monotonic() > deadline:
+                raise PodmanError(f"podman logs {container} did not finish within {timeout:.0f} s")
+        code = proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
+    except subprocess.TimeoutExpired:
+        raise PodmanError(f"podman logs {container} did not finish within {timeout:.0f} s") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    if code != 0 and b"no such container" in tail[-4096:]:
+        return b""  # a missing container has no log lines (as with every backend), not podman's error
+    return bytes(tail[-limit:])
 
 
 def podman_json(*args: str, timeout: float = 60.0) -> Any:

@@ -40,6 +40,7 @@ from elastrain.backends.api import ContainerSpec, ContainerStatus
 from elastrain.backends.local import CLUSTER_UID_ENV, CONTAINER_UID_ENV, LocalBackend
 from elastrain.backends.procs import pids_with_env, server_first_path, terminate
 from elastrain.backends.slurmctl import SlurmCommands, SlurmError, SlurmJob, SlurmNode
+from elastrain.backends.tenant_files import TenantFileError, read_whole
 from elastrain.hostfile import atomic_write_text
 
 JOB_PREFIX = "elastrain-"
@@ -190,9 +191,9 @@ class SlurmBackend(LocalBackend):
 
     def _status(self, root: Path, jobs: list[SlurmJob] | None = None) -> ContainerStatus | None:
         """The container's status from its job (None when it has no job yet: the reconciler starts it)."""
-        try:
-            meta = json.loads((root / "container.json").read_text())
-        except (OSError, ValueError):
+        try:  # in the container's root, which its tenant can write
+            meta = json.loads(read_whole(root / "container.json", root.parent))
+        except (OSError, ValueError, TenantFileError):
             return None
         if meta.get("backend") != "slurm":
             return None
@@ -270,8 +271,8 @@ class SlurmBackend(LocalBackend):
     @staticmethod
     def _metas_at(root: Path) -> list[dict[str, Any]]:
         try:
-            return [json.loads((root / "container.json").read_text())]
-        except (OSError, ValueError):
+            return [json.loads(read_whole(root / "container.json", root.parent))]
+        except (OSError, ValueError, TenantFileError):
             return []
 
     @staticmethod
@@ -298,6 +299,6 @@ def _under(path: str, base: Path) -> bool:
 def _ready_pid(root: Path) -> int | None:
     """The init's pid from its ``ready`` file."""
     try:
-        return int((root / "ready").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        return int(read_whole(root / "ready", root.parent, max_bytes=256).split()[0])
+    except (OSError, ValueError, IndexError, TenantFileError):
         return None

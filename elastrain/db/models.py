@@ -68,6 +68,7 @@ class ClusterState(str, enum.Enum):
 
     Pending = "Pending"
     Running = "Running"
+    Degraded = "Degraded"  # its reconcile steps hang, or its files are refused: the others go on
     Terminating = "Terminating"
 
 
@@ -120,6 +121,7 @@ class EventAction(str, enum.Enum):
     cluster_rescheduled = "cluster.rescheduled"
     cluster_pending = "cluster.pending"
     cluster_running = "cluster.running"
+    cluster_degraded = "cluster.degraded"
     container_created = "container.created"
     container_running = "container.running"
     container_paused = "container.paused"
@@ -149,6 +151,7 @@ class EventAction(str, enum.Enum):
         return {
             ClusterState.Pending: cls.cluster_pending,
             ClusterState.Running: cls.cluster_running,
+            ClusterState.Degraded: cls.cluster_degraded,
             ClusterState.Terminating: cls.cluster_delete_requested,
         }[state]
 

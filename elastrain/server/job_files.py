@@ -7,7 +7,6 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -62,11 +61,6 @@ def create_private_file(path: Path, data: bytes, owner_uid: int | None) -> None:
                 pass
     finally:
         os.close(fd)
-
-
-def open_no_follow(path: Path) -> BinaryIO:
-    """Open a job file for reading, refusing a symbolic link (a tenant may have replaced the file)."""
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
 
 
 def job_out(job: Job, cluster: str) -> schemas.JobOut:

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend
 from elastrain.backends.procs import cmdline, pid_alive
+from elastrain.backends.tenant_files import LOG_LIMIT
 from elastrain.contracts.env import ReportEnv
 from elastrain.db.models import (
     Cluster,
@@ -59,10 +60,10 @@ from elastrain.server.job_files import (
     exit_path,
     job_out,
     log_path_of,
-    open_no_follow,
     progress_values,
     recheck_not_terminating,
 )
+from elastrain.server.job_reads import JobFiles
 from elastrain.server.membership import JobMembership
 from elastrain.server.reconciler import aware, container_spec, tenant_uid
 
@@ -90,8 +91,10 @@ class JobService:
     _attach_tokens: dict[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (user id, cluster)
     _attach_lock: threading.Lock = field(default_factory=threading.Lock)
     _gone_since: dict[int, float] = field(default_factory=dict)  # job id -> when its command was seen gone
+    files: JobFiles = field(init=False)
 
     def __post_init__(self) -> None:
+        self.files = JobFiles(self.backend)
         if self.exec_service is None:
             self.exec_service = ExecService(self.backend, self.inventory)
 
@@ -258,17 +261,12 @@ class JobService:
             return [job_out(j, names.get(j.cluster_id, "?")) for j in visible_jobs(session, user, only)]
 
     def logs(self, user: User, job_id: int, offset: int) -> tuple[bytes, int, str]:
-        """Log bytes from `offset`, the next offset and the job's status."""
+        """Log bytes from `offset` (at most `LOG_LIMIT`), the next offset and the job's status."""
         with self.db.session() as session:
-            job, _cluster = self._job(session, user, job_id)
+            job, cluster = self._job(session, user, job_id)
             path, status = Path(job.log_path), job.status.value
-        try:
-            with open_no_follow(path) as f:
-                f.seek(max(offset, 0))
-                data = f.read(1 << 20)
-        except OSError:
-            data = b""
-        return data, max(offset, 0) + len(data), status
+        piece = self.files.log(cluster, path, max(offset, 0))
+        return piece.data, max(offset, 0) + len(piece.data), status
 
     def cancel(self, user: User, job_id: int) -> schemas.JobOut:
         """Stop a running job (SIGTERM to its process group)."""
@@ -384,16 +382,19 @@ class JobService:
         running, its end judged (`job_recovery.judge`): finished, or started again (its launcher died
         under it, or it failed with retries left), or waiting for its launcher's replacement."""
         changed = 0
+        self.files.begin_poll()
         with self.db.session() as session:
+            names = {row.id: row.name for row in session.execute(select(Cluster.id, Cluster.name))}
             for job in session.scalars(select(Job).where(Job.status == JobStatus.Running)):
-                self._scrape(session, job)
+                cluster = names.get(job.cluster_id, "?")
+                self._scrape(session, cluster, job)
                 if self._alive(job):
                     self._gone_since.pop(job.id, None)
                     continue
-                exit_code = self._exit_code(job)
-                cluster = session.get(Cluster, job.cluster_id)
-                launcher = launcher_of(cluster) if cluster is not None else None
-                seen = self._launcher_seen(job, cluster, launcher, exit_code)
+                exit_code = self.files.exit_code(cluster, job.id, Path(job.log_path).with_suffix(".exit"))
+                row = session.get(Cluster, job.cluster_id)
+                launcher = launcher_of(row) if row is not None else None
+                seen = self._launcher_seen(job, row, launcher, exit_code)
                 attempts = recovery.Attempts(
                     job.platform_restarts or 0,
                     job.max_platform_restarts or 0,
@@ -403,12 +404,8 @@ class JobService:
                 verdict = recovery.judge(exit_code, seen, attempts)
                 if verdict.outcome == recovery.Outcome.wait:
                     continue
-                if (
-                    verdict.outcome == recovery.Outcome.restart
-                    and cluster is not None
-                    and launcher is not None
-                ):
-                    self._restart(session, cluster, launcher, job, verdict)
+                if verdict.outcome == recovery.Outcome.restart and row is not None and launcher is not None:
+                    self._restart(session, row, launcher, job, verdict)
                     changed += 1
                     continue
                 job.exit_code = exit_code
@@ -418,6 +415,7 @@ class JobService:
                 self._gone_since.pop(job.id, None)
                 self.membership.forget(job.id)
                 changed += 1
+        self.files.end_poll()
         return changed
 
     def _launcher_seen(
@@ -467,23 +465,12 @@ class JobService:
         detail = {"cause": verdict.cause.value, "reason": verdict.reason, "command": command}
         self._add_job_event(session, job, ACTOR, EventAction.job_restarted, detail)
 
-    @staticmethod
-    def _exit_code(job: Job) -> int | None:
-        """The code in the job's exit file (None: no file, or not a number)."""
-        try:
-            with open_no_follow(Path(job.log_path).with_suffix(".exit")) as f:
-                return int(f.read(64).strip())
-        except (OSError, ValueError):
-            return None
-
-    def _scrape(self, session: Session, job: Job) -> None:
-        offset = self._offsets.get(job.id, 0)
-        try:
-            with open_no_follow(Path(job.log_path)) as f:
-                f.seek(offset)
-                data = f.read(1 << 20)
-        except OSError:
+    def _scrape(self, session: Session, cluster: str, job: Job) -> None:
+        piece = self.files.new_log(cluster, job.id, Path(job.log_path), self._offsets.get(job.id, 0))
+        if piece is None:
             return
-        cut = data.rfind(b"\n") + 1
-        self._offsets[job.id] = offset + cut
-        self._record(session, job, progress_values(data[:cut].decode(errors="replace")))
+        cut = piece.data.rfind(b"\n") + 1
+        if not cut and len(piece.data) >= LOG_LIMIT:  # no line end in a whole window: no progress line
+            cut = len(piece.data)
+        self._offsets[job.id] = piece.offset + cut
+        self._record(session, job, progress_values(piece.data[:cut].decode(errors="replace")))

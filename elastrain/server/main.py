@@ -397,6 +397,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         exec_service=commands,
     )
     reconciler.hooks.append(jobs.poll)
+    reconciler.steps.troubles.append(jobs.files.troubles)  # a job's refused files: its cluster Degraded
     commands.attach_env = jobs.attach_env  # an `elastrain run` started by exec becomes a job
     app = create_app(services, jobs, max_body_bytes=max_body_bytes, settings=settings)
     kind = "real" if inventory.real else "virtual"

@@ -34,6 +34,8 @@ _WHY = {
     413: "The request body is larger than the server's cap (--max-body-bytes).",
     422: "A value is refused; `errors` names every bad field.",
     500: "A server bug; the access log has the request id.",
+    503: "Reads of this cluster's files still run (a few per cluster); retry later.",
+    504: "A file the tenant can write did not answer within the read deadline; retry later.",
 }
 BODY = (401, 413, 422)
 """What a route with a request body can always answer: the body-limit middleware's 401 and 413, 422."""

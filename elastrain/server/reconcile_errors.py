@@ -10,6 +10,7 @@ the first time.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 
 from elastrain.db.models import EventAction
@@ -36,14 +37,16 @@ class StepFailures:
         self.actor = actor
         self.limit = limit
         self._seen: dict[tuple[str, str], set[str]] = {}  # (cluster, uid) -> reasons already reported
+        self._lock = threading.Lock()  # clusters' steps report from their own threads
 
     def first(self, key: tuple[str, str], reason: str) -> bool:
         """True the first time `reason` is reported for `key` (and while under the limit)."""
-        seen = self._seen.setdefault(key, set())
-        if reason in seen or len(seen) >= self.limit:
-            return False
-        seen.add(reason)
-        return True
+        with self._lock:
+            seen = self._seen.setdefault(key, set())
+            if reason in seen or len(seen) >= self.limit:
+                return False
+            seen.add(reason)
+            return True
 
     def report(
         self, cluster: str, uid: str, step: str, exc: Exception, container: str = "", record: bool = True
@@ -70,5 +73,6 @@ class StepFailures:
         """Forget the clusters (``(name, uid)``) not in `clusters`: deleted ones. Failures without a
         cluster uid (orphan containers, hooks) are kept: they would be reported again every pass."""
         keep = set(clusters)
-        for key in [k for k in self._seen if k[1] and k not in keep]:
-            del self._seen[key]
+        with self._lock:
+            for key in [k for k in self._seen if k[1] and k not in keep]:
+                del self._seen[key]

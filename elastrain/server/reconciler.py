@@ -28,6 +28,7 @@ from elastrain.db.repository import add_event, all_clusters, cluster_by_name
 from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
 from elastrain.hostfile import Hostfile, render_hostfile
+from elastrain.server.hostfile_sync import HostfileSync, hostfile_text
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.membership import JobHosts, JobMembership
 from elastrain.server.metrics_stats import ReconcileStats
@@ -41,13 +42,13 @@ from elastrain.server.policy import (
     worker_index,
 )
 from elastrain.server.reconcile_errors import StepFailures
+from elastrain.server.reconcile_isolation import STEP_DEADLINE_S, ClusterSteps, with_degraded
 from elastrain.server.scheduling import ClusterScheduler
 from elastrain.server.validation import check_mount_unchanged
 
 log = logging.getLogger("elastrain.reconciler")
 ACTOR = "reconciler"
 BUSY_POLL_S = 0.25  # the pass interval after the first second of containers starting or draining
-HOSTFILE_RECHECK_S = 5.0  # how often every hostfile file is read back even when nothing changed
 TENANT_UID_BASE = 20000
 PAUSED_REASON = (
     "paused (frozen): its processes are stopped, not exited; a job on it sees a hang, which its "
@@ -133,11 +134,13 @@ class Reconciler:
         drain_s: float = 30.0,
         scheduler: ClusterScheduler | None = None,
         membership: JobMembership | None = None,
+        step_deadline_s: float = STEP_DEADLINE_S,
     ) -> None:
         """``scheduler`` (None: ``static``, the requested sizes; see `scheduling.scheduler_for`) sets
         desired sizes and admissions before each pass. A scaled-down container is removed when
         the running jobs' reported memberships (`membership`) no longer list it, at most ``drain_s``
-        after it left the hostfile."""
+        after it left the hostfile. Each cluster's steps of a pass run with `step_deadline_s` (see
+        `reconcile_isolation`)."""
         self.db = db
         self.backend = backend
         self.inventory = inventory
@@ -154,8 +157,8 @@ class Reconciler:
         self.scheduler = scheduler
         self.failures = StepFailures(db, ACTOR)
         self.stats = ReconcileStats()  # pass durations and failures, for /metrics
-        self._hostfiles_known: dict[str, str] = {}  # cluster -> the hostfile text its file holds
-        self._hostfiles_checked_at = float("-inf")
+        self.steps = ClusterSteps(step_deadline_s, wake=self.wake)
+        self.hostfiles = HostfileSync(db, backend, self.steps, self.stats, self.failures)
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -223,15 +226,14 @@ class Reconciler:
         self._busy = any(k.state in transient for c in views for k in c.containers)
         uids = {c.name: c.uid for c in views}
         self.failures.keep_only(uids.items())
-        applied, failed = 0, set[str]()
-        for decision in decisions:  # a cluster whose decision failed waits for the next pass; others go on
-            if decision.cluster in failed:
-                continue
-            if self._apply_isolated(decision, uids.get(decision.cluster, "")):
-                applied += 1
-            else:
-                failed.add(decision.cluster)
-        self._sync_hostfiles()
+        marks, decisions = with_degraded(decisions, views, self.steps.degraded())
+        applied = sum(self._apply_isolated(d, uids.get(d.cluster, "")) for d in marks)
+        groups: dict[str, list[Decision]] = {}
+        for decision in decisions:
+            groups.setdefault(decision.cluster, []).append(decision)
+        steps = {name: self._steps_of(group, uids.get(name, "")) for name, group in groups.items()}
+        applied += sum(self.steps.run(steps).values())
+        self.hostfiles.sync()
         for hook in self.hooks:
             try:
                 hook()
@@ -240,6 +242,18 @@ class Reconciler:
                 self.failures.report("", "", getattr(hook, "__qualname__", "hook"), exc, record=False)
         self.passes += 1
         return applied + scheduled
+
+    def _steps_of(self, group: list[Decision], uid: str) -> Callable[[], int]:
+        """Apply one cluster's decisions in order; the first that fails leaves the rest to the next pass.
+        How many were applied."""
+
+        def steps() -> int:
+            for done, decision in enumerate(group):
+                if not self._apply_isolated(decision, uid):
+                    return done
+            return len(group)
+
+        return steps
 
     def _apply_isolated(self, decision: Decision, uid: str) -> bool:
         """Apply `decision` in its own transaction: an error rolls it back and is reported (once) on its
@@ -263,47 +277,10 @@ class Reconciler:
             )
             return int(getattr(result, "rowcount", 0) or 0)
 
-    def _sync_hostfiles(self) -> None:
-        """Rewrite a cluster's hostfile file when it differs from the DB (e.g. after a crash); one
-        cluster's failure is its own. A file this loop wrote or read back is trusted for
-        `HOSTFILE_RECHECK_S`: a pass every 0.1 s while containers start must not read every
-        cluster's file each time (that CPU is the API's)."""
-        now = time.monotonic()
-        recheck = now - self._hostfiles_checked_at >= HOSTFILE_RECHECK_S
-        if recheck:
-            self._hostfiles_checked_at = now
-        known, self._hostfiles_known = self._hostfiles_known, {}
-        with self.db.session() as session:
-            for cluster in all_clusters(session):
-                if cluster.state == ClusterState.Terminating or cluster.hostfile_generation == 0:
-                    continue
-                text = self.hostfile_text(cluster)
-                if not recheck and known.get(cluster.name) == text:
-                    self._hostfiles_known[cluster.name] = text
-                    continue
-                on_disk = self.backend.hostfile_path(cluster.name)
-                if on_disk is not None:
-                    try:
-                        current = on_disk.read_text()
-                    except OSError:
-                        current = None
-                    if current == text:
-                        self._hostfiles_known[cluster.name] = text
-                        continue
-                    if not on_disk.parent.exists():
-                        continue
-                try:
-                    self.backend.write_cluster_file(cluster.name, HOSTFILE_PATH, text)
-                except Exception as exc:
-                    self.stats.failed("hostfile")
-                    self.failures.report(cluster.name, cluster.uid, "sync_hostfile", exc, record=False)
-                else:
-                    self._hostfiles_known[cluster.name] = text
-
     @staticmethod
     def hostfile_text(cluster: Cluster) -> str:
         """The full hostfile text of a cluster (generation line + host lines)."""
-        return f"# generation: {cluster.hostfile_generation}\n" + cluster.hostfile_text
+        return hostfile_text(cluster)
 
     def _apply(self, session: Session, d: Decision) -> None:
         cluster = cluster_by_name(session, d.cluster)

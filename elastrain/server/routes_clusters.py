@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Depends, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from elastrain.server import schemas
+from elastrain.server.bounded import off_loop
 from elastrain.server.create_checks import check_request_fields
 from elastrain.server.deps import CurrentUser, ServicesDep
 from elastrain.server.openapi import BODY, created, errors, location, merged
@@ -131,13 +132,16 @@ def list_cluster_events(services: ServicesDep, name: str, user: CurrentUser) -> 
 @router.get(
     "/clusters/{name}/logs",
     response_class=PlainTextResponse,
-    responses=merged(errors(401, 404), {200: {"description": "the container's output"}}),
+    responses=merged(
+        errors(401, 404, 409, 503, 504), {200: {"description": "the last 1 MiB of the container's output"}}
+    ),
 )
-def get_container_logs(
+async def get_container_logs(
     services: ServicesDep, name: str, user: CurrentUser, container: str | None = None
 ) -> str:
-    """A container's captured output (text/plain; the launcher's unless `container` is given)."""
-    return services.container_logs(user, name, container)
+    """A container's captured output (text/plain; the launcher's unless `container` is given): the
+    lines of its last 1 MiB (a log is never read whole)."""
+    return await off_loop(lambda: services.container_logs(user, name, container))
 
 
 @router.post(

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Header, Path, Query, Response
 from fastapi.responses import PlainTextResponse
 
 from elastrain.server import schemas
+from elastrain.server.bounded import off_loop
 from elastrain.server.deps import CurrentUser, JobsDep
 from elastrain.server.openapi import BODY, created, errors, location, merged
 from elastrain.server.schemas import MAX_DB_INT
@@ -96,14 +97,17 @@ def cancel_job(jobs: JobsDep, job_id: JobId, user: CurrentUser) -> schemas.JobOu
     "/jobs/{job_id}/logs",
     response_class=PlainTextResponse,
     responses=merged(
-        errors(401, 404, 422), {200: {"description": "up to 1 MiB of log bytes", "headers": LOG_HEADERS}}
+        errors(401, 404, 409, 422, 503, 504),
+        {200: {"description": "up to 1 MiB of log bytes", "headers": LOG_HEADERS}},
     ),
 )
-def get_job_logs(
+async def get_job_logs(
     jobs: JobsDep, job_id: JobId, user: CurrentUser, offset: Annotated[int, Query(ge=0, le=MAX_DB_INT)] = 0
 ) -> Response:
-    """Log bytes from `offset` (text/plain); headers X-Next-Offset and X-Job-Status tell how to go on."""
-    data, next_offset, status = jobs.logs(user, job_id, offset)
+    """Log bytes from `offset` (text/plain), at most 1 MiB per request; headers X-Next-Offset and
+    X-Job-Status tell how to go on. A log that is not a regular file (a FIFO, a link) is refused (409);
+    one that does not answer within 5 s is 504."""
+    data, next_offset, status = await off_loop(lambda: jobs.logs(user, job_id, offset))
     headers = {"X-Next-Offset": str(next_offset), "X-Job-Status": status}
     return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 

@@ -26,8 +26,8 @@ router = APIRouter(prefix="/api/v1")
 
 
 @router.get("/healthz", tags=["meta"])
-def get_health() -> dict[str, str]:
-    """Liveness (no token needed)."""
+async def get_health() -> dict[str, str]:
+    """Liveness (no token needed): answered on the event loop, whatever the worker threads do."""
     return {"status": "ok"}
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend
+from elastrain.backends.tenant_files import LOG_LIMIT
 from elastrain.db.models import (
     Cluster,
     ClusterState,
@@ -34,13 +35,16 @@ from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
 from elastrain.server import quotas, schemas, tokens
 from elastrain.server.access_log import note_user
+from elastrain.server.bounded import BoundedCalls
 from elastrain.server.cluster_views import cluster_out
 from elastrain.server.create_checks import check_cluster_create
-from elastrain.server.errors import Conflict, Forbidden, NotFound, checked
+from elastrain.server.errors import ApiError, Conflict, Forbidden, NotFound, checked
 from elastrain.server.exec_service import ExecService
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import Reconciler
 from elastrain.server.validation import check_containers, check_name, parse_mount, server_state
+
+LOG_READ_DEADLINE_S = 30.0  # `podman logs` of a log of hundreds of MiB, kept to its tail
 
 
 @dataclass
@@ -56,6 +60,11 @@ class Services:
     on_change: Callable[[], None] | None = None
     exec_service: ExecService | None = None  # default: one on `backend` (`main` shares one with the jobs)
     quota_defaults: quotas.Limits | None = None  # per-user limits (settings); None: the module defaults
+    log_reads: BoundedCalls = field(
+        default_factory=lambda: BoundedCalls(
+            "reads of container logs", LOG_READ_DEADLINE_S, per_key=2, total=8
+        )
+    )
 
     def __post_init__(self) -> None:
         if self.exec_service is None:
@@ -230,7 +239,8 @@ class Services:
             ]
 
     def container_logs(self, user: User, name: str, container: str | None) -> str:
-        """The captured output of a container's init process (the launcher's by default)."""
+        """The captured output of a container's init process (the launcher's by default): the lines of
+        its last `LOG_LIMIT` bytes, read off the request thread with a deadline."""
         with self.db.session() as session:
             cluster = self._get(session, user, name)
             rows = [
@@ -240,7 +250,13 @@ class Services:
             ]
             if not rows:
                 raise NotFound(f"container {container!r} not found in cluster {name!r}")
-        return "".join(self.backend.logs(name, rows[0].name))
+        read = rows[0].name
+        try:
+            return self.log_reads.call(name, lambda: "".join(self.backend.logs(name, read, LOG_LIMIT)))
+        except ApiError:
+            raise
+        except ElastrainError as exc:  # a refused log file, podman failing
+            raise Conflict(f"the container's log was not read: {exc}") from None
 
     def images(self) -> list[schemas.ImageOut]:
         """The images the backend can run, newest first."""

@@ -1,5 +1,6 @@
 """The reconciler under attack (moved here from tests/unit so that the security line counts them): one
-tenant's cluster whose reconcile step fails on every pass must not stall the others' clusters, and a
+tenant's cluster whose reconcile step fails on every pass, or hangs (shown Degraded until it returns),
+must not stall the others' clusters, and a
 mount whose stored (resolved) source a tenant later redirects through a symbolic link is refused at
 container start. Both run against a fake backend and a real (SQLite) database: fast.
 """
@@ -7,6 +8,8 @@ container start. Both run against a fake backend and a real (SQLite) database: f
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from elastrain.db.session import Database
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import Reconciler
 from elastrain.testing.reconcile import alice_cluster_db, clusters, settle
+from elastrain.testing.waits import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -75,6 +79,60 @@ def test_one_failing_cluster_does_not_stall_the_others(
     detail = json.loads(failed[0].detail)
     assert detail["reason"] == "RuntimeError: cannot start c" and detail["step"] == "add"
     assert len([r for r in caplog.records if "cannot start c" in r.getMessage()]) == 1
+
+
+class OneClusterHangs(FakeBackend):
+    """`create_container` of cluster `stuck` blocks until `release` is set (as a step blocked on a file
+    its tenant controls would: a FUSE mount that never answers)."""
+
+    def __init__(self, stuck: str) -> None:
+        super().__init__()
+        self.stuck = stuck
+        self.release = threading.Event()
+
+    def create_container(self, spec: ContainerSpec) -> ContainerStatus:
+        if spec.cluster == self.stuck:
+            assert self.release.wait(60), "the test never released the hanging step"
+        return super().create_container(spec)
+
+
+@pytest.mark.attack
+def test_a_hanging_step_degrades_only_its_cluster(db: Database) -> None:
+    """Cluster `c`'s container start hangs: bob's cluster `d` still reaches Running, each pass returns
+    within the step deadline, `c` is shown Degraded (with a ``cluster.degraded`` event) while its step
+    hangs, and recovers to Running once the step returns."""
+    with db.session() as session:
+        bob, _token = create_user(session, "bob")
+        other = Cluster(name="d", uid="u2", owner_id=bob.id, framework=Framework.horovod)
+        other.desired_containers, other.gpus_per_container = 2, 1
+        session.add(other)
+    backend = OneClusterHangs("c")
+    r = Reconciler(db, backend, Inventory(8, False), step_deadline_s=0.5)
+    try:
+        slowest = 0.0
+
+        def d_running_and_c_degraded() -> bool:
+            nonlocal slowest
+            start = time.monotonic()
+            r.reconcile_once()
+            slowest = max(slowest, time.monotonic() - start)
+            c, d = clusters(db)
+            return d.state == ClusterState.Running and c.state == ClusterState.Degraded
+
+        wait_until(d_running_and_c_degraded, 30, "d Running and c Degraded", interval=0)
+        assert slowest < 0.5 + 2.0, slowest  # a pass waits for a hanging step its deadline, not 60 s
+        c, _d = clusters(db)
+        assert "deadline" in c.reason and r.steps.busy("c")
+    finally:
+        backend.release.set()
+    wait_until(lambda: not r.steps.busy("c"), 30, "c's step returned")
+    settle(r)
+    c, d = clusters(db)
+    assert c.state == ClusterState.Running and d.state == ClusterState.Running
+    with db.session() as session:
+        actions = [e.action for e in events_for(session, "c")]
+    assert "cluster.degraded" in actions
+    assert actions.index("cluster.running") > actions.index("cluster.degraded")
 
 
 @pytest.mark.attack

@@ -125,7 +125,7 @@ def test_a_hostfile_changed_behind_the_loops_back_is_restored_on_the_next_rechec
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fast passes trust the hostfile they last wrote; every HOSTFILE_RECHECK_S they read it back."""
-    import elastrain.server.reconciler as module
+    import elastrain.server.hostfile_sync as module
 
     backend = FakeBackend()
     r = Reconciler(db, backend, Inventory(8, False))
@@ -133,7 +133,7 @@ def test_a_hostfile_changed_behind_the_loops_back_is_restored_on_the_next_rechec
     good = backend.files["c"]["/etc/mpi/hostfile"]
     backend.files["c"]["/etc/mpi/hostfile"] = "# tampered\n"
     monkeypatch.setattr(module, "HOSTFILE_RECHECK_S", 3600.0)
-    r._hostfiles_checked_at = 0.0  # a recheck ran just now (monotonic time is far past 0)
+    r.hostfiles.checked_at = 0.0  # a recheck ran just now (monotonic time is far past 0)
     monkeypatch.setattr(module.time, "monotonic", lambda: 1.0)
     r.reconcile_once()
     assert backend.files["c"]["/etc/mpi/hostfile"] == "# tampered\n"  # trusted between rechecks

@@ -79,6 +79,7 @@ document.addEventListener("DOMContentLoaded", () => {
       case "cluster.scaled": return `scaled ${d.before} → ${d.after} containers`;
       case "cluster.exec": return `exec ${(d.command || []).join(" ")}`;
       case "cluster.running": return "all containers Running";
+      case "cluster.degraded": return `Degraded: ${d.reason}`;
       case "cluster.admitted": return `scheduler started it at ${d.after} containers: ${d.reason}`;
       case "cluster.rescheduled": return `scheduler resized ${d.before} → ${d.after} containers: ${d.reason}`;
       case "container.created": return `container ${d.container} created at ${d.address}`;
