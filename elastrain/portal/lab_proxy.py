@@ -45,10 +45,14 @@ from elastrain.portal.lab_http import (
 from elastrain.server.deps import ServicesDep, user_for_token
 from elastrain.server.errors import ApiError, Conflict, Forbidden, NotFound, Unauthorized
 from elastrain.server.services import Services
+from elastrain.server.tenant_limits import DEFAULT_LAB_MAX_MESSAGE_BYTES
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=300.0, pool=10.0)
-MAX_MESSAGE_BYTES = 256 << 20  # one kernel message (a large output) from JupyterLab
+MAX_MESSAGE_BYTES = DEFAULT_LAB_MAX_MESSAGE_BYTES
+"""Default cap of one WebSocket message from the lab (``--lab-max-message-bytes``); the browser's side
+has uvicorn's cap (16 MiB). A larger message closes the socket (1009) instead of being buffered."""
+UPSTREAM_QUEUE = 2  # messages read ahead from the lab while the browser is slow (each <= the cap)
 CROSS_SITE = "refused a cross-site request to JupyterLab (its Origin is not this server)"
 
 
@@ -65,8 +69,9 @@ def _query(scope: Scope) -> str:
 class LabProxy:
     """The proxy's state: the upstream HTTP client (made on first use) and the lab locator."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.locator = LabLocator()
+        self.max_message_bytes = max_message_bytes
         self._client: httpx.AsyncClient | None = None
 
     @property
@@ -124,6 +129,22 @@ class LabProxy:
         ]
         return response
 
+    async def connect_upstream(
+        self, url: str, origin: str, offered: list[Subprotocol], headers: list[tuple[str, str]]
+    ) -> ClientConnection:
+        """The WebSocket to the lab: messages capped at `max_message_bytes` (a larger one closes it
+        with 1009 without being kept), at most `UPSTREAM_QUEUE` read ahead of the browser."""
+        return await connect(
+            url,
+            origin=Origin(origin),
+            subprotocols=offered or None,
+            additional_headers=headers,
+            user_agent_header=None,
+            max_size=self.max_message_bytes,
+            max_queue=UPSTREAM_QUEUE,
+            open_timeout=10,
+        )
+
     async def bridge(self, services: Services, websocket: WebSocket, name: str) -> None:
         """A WebSocket to the lab: admitted like HTTP (and same-origin always), then both directions
         pumped until either side closes; a refusal is an HTTP answer to the handshake."""
@@ -136,16 +157,11 @@ class LabProxy:
             return
         offered = [Subprotocol(p) for p in websocket.scope.get("subprotocols") or []]
         try:
-            upstream = await connect(
+            upstream = await self.connect_upstream(
                 upstream_url(endpoint.origin, raw_path, _query(websocket.scope), websocket=True),
-                origin=Origin(endpoint.origin),
-                subprotocols=offered or None,
-                additional_headers=request_headers(
-                    websocket.headers.items(), endpoint.token, endpoint.origin, websocket=True
-                ),
-                user_agent_header=None,
-                max_size=MAX_MESSAGE_BYTES,
-                open_timeout=10,
+                endpoint.origin,
+                offered,
+                request_headers(websocket.headers.items(), endpoint.token, endpoint.origin, websocket=True),
             )
         except InvalidStatus as exc:  # JupyterLab refused (e.g. 404: no such kernel or terminal)
             await _deny(websocket, exc.response.status_code, "JupyterLab refused the WebSocket")
@@ -201,10 +217,10 @@ async def _pump(websocket: WebSocket, upstream: ClientConnection) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def add_lab_proxy(app: FastAPI) -> None:
+def add_lab_proxy(app: FastAPI, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
     """Register the lab session route, the HTTP proxy and the WebSocket bridge under
     ``/clusters/{name}/lab/``; the services come from ``app.state`` on the first request."""
-    proxy = LabProxy()
+    proxy = LabProxy(max_message_bytes)
     app.router.on_shutdown.append(proxy.close)
     router = APIRouter(include_in_schema=False)
 

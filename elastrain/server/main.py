@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from elastrain.errors import ConfigError
+from elastrain.server.tenant_limits import add_tenant_limit_flags
 
 if TYPE_CHECKING:
     from elastrain.backends.api import Backend
@@ -158,6 +159,7 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         help="GET /metrics needs `Authorization: Bearer TOKEN` (16+ printable characters); prefer env "
         "ELASTRAIN_METRICS_TOKEN or the settings file, as a flag shows in `ps` (default: /metrics is open)",
     )
+    add_tenant_limit_flags(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log reconciler decisions and requests")
 
 
