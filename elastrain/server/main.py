@@ -337,6 +337,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
     from elastrain.server.jobs import JobService
     from elastrain.server.limits import resolve_max_body_bytes
     from elastrain.server.membership import JobMembership
+    from elastrain.server.rate import RateLimiter
     from elastrain.server.reconciler import Reconciler
     from elastrain.server.scheduling import scheduler_for
     from elastrain.server.services import Services
@@ -398,6 +399,8 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         report_url=f"http://{local}:{port}",
         membership=membership,
         exec_service=commands,
+        max_running_jobs=settings.max_running_jobs,
+        reports=RateLimiter(settings.report_rate),
     )
     reconciler.hooks.append(jobs.poll)
     commands.attach_env = jobs.attach_env  # an `elastrain run` started by exec becomes a job

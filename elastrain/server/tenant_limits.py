@@ -3,11 +3,17 @@
 Each has a flag, an environment variable and a settings-file key (`elastrain.server.settings`):
 
     --max-exec-streams N          ELASTRAIN_MAX_EXEC_STREAMS       (default 8)
+    --max-running-jobs N          ELASTRAIN_MAX_RUNNING_JOBS       (default 16)
+    --report-rate R               ELASTRAIN_REPORT_RATE            (default 10 per second)
     --lab-max-message-bytes N     ELASTRAIN_LAB_MAX_MESSAGE_BYTES  (default 16 MiB)
 
 ``--max-exec-streams``: a user's concurrent ``exec`` streams (each a host process); one more is a
-429 problem. ``--lab-max-message-bytes``: the largest WebSocket message the JupyterLab proxy takes
-from a lab (a larger one closes that socket with 1009 instead of being buffered).
+429 problem. ``--max-running-jobs``: a user's Running jobs (submitted or attached); one more is a
+429. ``--report-rate``: progress and incident reports per second per job (bursts of 5 seconds'
+worth); beyond it a report is refused with 429 (`elastrain.reporting` sends one a second).
+``--lab-max-message-bytes``: the largest WebSocket message the JupyterLab proxy takes from a lab (a
+larger one closes that socket with 1009 instead of being buffered). Admins are not exempt.
+Nothing heavy is imported here: every CLI command loads the server's flags.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import argparse
 
 DEFAULT_MAX_EXEC_STREAMS = 8
+DEFAULT_MAX_RUNNING_JOBS = 16
+DEFAULT_REPORT_RATE = 10.0
 DEFAULT_LAB_MAX_MESSAGE_BYTES = 16 << 20
 
 
@@ -26,6 +34,20 @@ def add_tenant_limit_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="concurrent exec streams per user (429 beyond; env ELASTRAIN_MAX_EXEC_STREAMS; "
         f"default {DEFAULT_MAX_EXEC_STREAMS})",
+    )
+    p.add_argument(
+        "--max-running-jobs",
+        type=int,
+        metavar="N",
+        help="Running jobs per user (429 beyond; env ELASTRAIN_MAX_RUNNING_JOBS; "
+        f"default {DEFAULT_MAX_RUNNING_JOBS})",
+    )
+    p.add_argument(
+        "--report-rate",
+        type=float,
+        metavar="R",
+        help="progress/incident reports per second per job (429 beyond, bursts of 5 s worth; env "
+        f"ELASTRAIN_REPORT_RATE; default {DEFAULT_REPORT_RATE:g})",
     )
     p.add_argument(
         "--lab-max-message-bytes",
