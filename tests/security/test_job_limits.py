@@ -9,6 +9,7 @@ second in bursts of 5 seconds' worth (beyond: 429; its report token is still che
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -20,8 +21,8 @@ from tests.security.harness import new_user, refused, start_server
 
 pytestmark = pytest.mark.timeout(120)
 MAX_JOBS = 2
-RATE = 2.0
-BURST = int(5 * RATE)
+RATE = 0.2  # one report each 5 s, bursts of 1: what passes does not depend on this machine's speed
+FLOOD = 30
 
 
 @pytest.mark.attack
@@ -50,11 +51,14 @@ def test_running_jobs_and_report_rate_are_capped_per_tenant(tmp_path: Path) -> N
             secret = wait_until(report_token, 30, "the job to print its report token")
             progress = f"{server.url}/api/v1/jobs/{job}/progress"
             assert httpx.post(progress, json={"step": 1}, headers={"X-Job-Token": "wrong"}).status_code == 401
+            started = time.monotonic()
             codes = [
                 httpx.post(progress, json={"step": i}, headers={"X-Job-Token": secret}).status_code
-                for i in range(BURST + 20)
+                for i in range(FLOOD)
             ]
-            assert codes.count(204) >= BURST and codes.count(429) >= 10, codes
+            allowed = 1 + int((time.monotonic() - started) * RATE) + 1  # the burst, what refilled
+            assert codes[0] == 204 and 1 <= codes.count(204) <= allowed, codes
+            assert codes.count(429) == FLOOD - codes.count(204), codes
             flood = httpx.post(progress, json={"step": 99}, headers={"X-Job-Token": secret})
             refused(flood, 429, "times a second")
             rows = api.get(f"/jobs/{job}/metrics").json()
