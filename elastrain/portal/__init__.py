@@ -24,6 +24,5 @@ def mount_portal(app: FastAPI, api: bool = True) -> None:
         from elastrain.portal.api import add_portal_api
         from elastrain.portal.lab_proxy import add_lab_proxy
 
-        settings = getattr(app.state, "settings", None)
         add_portal_api(app)
-        add_lab_proxy(app, *([settings.lab_max_message_bytes] if settings is not None else []))
+        add_lab_proxy(app)

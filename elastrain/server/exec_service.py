@@ -19,7 +19,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,10 +30,10 @@ from elastrain.backends.api import Backend, ContainerSpec
 from elastrain.backends.local import HOSTFILE_PATH
 from elastrain.db.models import Cluster, Container, ContainerRole, User
 from elastrain.db.repository import find_cluster
-from elastrain.server.errors import Forbidden, InvalidRequest, NotFound, TooMany
+from elastrain.server.errors import Forbidden, InvalidRequest, NotFound
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import container_spec
-from elastrain.server.tenant_limits import DEFAULT_MAX_EXEC_STREAMS
+from elastrain.server.slots import UserSlots, exec_slots
 
 EXEC_ID_ENV = "ELASTRAIN_EXEC_ID"  # marks the processes of one exec call, so they can be stopped
 
@@ -96,43 +95,6 @@ def command_for(backend: Backend, spec: ContainerSpec, command: list[str]) -> li
     return rewrite_command(command, hostfile, mounts)
 
 
-class StreamSlots:
-    """How many exec streams each user has open, bounded by `limit` (429 beyond it)."""
-
-    def __init__(self, limit: int = DEFAULT_MAX_EXEC_STREAMS) -> None:
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._open: dict[int, int] = {}
-
-    def open(self, user: User) -> Callable[[], None]:
-        """Take one of `user`'s slots (TooMany when they hold `limit`); returns its release (idempotent)."""
-        with self._lock:
-            held = self._open.get(user.id, 0)
-            if held >= self.limit:
-                raise TooMany(
-                    f"user {user.name} has {held} exec streams open, the most allowed at once "
-                    f"(--max-exec-streams); end one and retry"
-                )
-            self._open[user.id] = held + 1
-        released = threading.Event()
-
-        def release() -> None:
-            with self._lock:
-                if released.is_set():
-                    return
-                released.set()
-                self._open[user.id] -= 1
-                if not self._open[user.id]:
-                    del self._open[user.id]
-
-        return release
-
-    def held(self, user_id: int) -> int:
-        """Streams user `user_id` has open now."""
-        with self._lock:
-            return self._open.get(user_id, 0)
-
-
 def _released_after(chunks: Iterator[bytes], release: Callable[[], None]) -> Iterator[bytes]:
     try:
         yield from chunks
@@ -149,7 +111,7 @@ class ExecService:
     host_commands_allowed: bool = True  # False: process/Slurm backend without --insecure-host-commands
     host_commands_refusal: str = HOST_COMMANDS_REFUSED  # the 403's one line (`host_commands_refusal`)
     attach_env: Callable[[User, str], dict[str, str]] | None = None  # JobService.attach_env
-    streams: StreamSlots = dataclasses.field(default_factory=StreamSlots)  # exec streams per user
+    streams: UserSlots = dataclasses.field(default_factory=exec_slots)  # exec streams per user
 
     def find(
         self, session: Session, user: User, name: str, container: str | None = None

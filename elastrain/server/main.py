@@ -303,14 +303,15 @@ def exec_service_for(settings: ServerSettings, backend: Backend, inventory: Inve
     """The server's one `ExecService` (exec, jobs, portal terminal) on `backend`, with the host-command
     policy of `settings` (`host_commands_policy`: refused on the process and Slurm backends without
     --insecure-host-commands, with a one-line 403 saying how to allow them)."""
-    from elastrain.server.exec_service import ExecService, StreamSlots, host_commands_refusal
+    from elastrain.server.exec_service import ExecService, host_commands_refusal
+    from elastrain.server.slots import exec_slots
 
     return ExecService(
         backend,
         inventory,
         host_commands_allowed=host_commands_policy(settings),
         host_commands_refusal=host_commands_refusal(settings.backend),
-        streams=StreamSlots(settings.max_exec_streams),
+        streams=exec_slots(settings.max_exec_streams),
     )
 
 

@@ -16,7 +16,8 @@ Every setting has a flag, an environment variable and a key of the settings file
     --k8s-image-registry        ELASTRAIN_K8S_IMAGE_REGISTRY   --k8s-api-url      ELASTRAIN_K8S_API_URL
                                 (the kubernetes backend's; see `elastrain.backends.kubernetes`)
     --max-exec-streams          ELASTRAIN_MAX_EXEC_STREAMS     --max-running-jobs ELASTRAIN_MAX_RUNNING_JOBS
-    --report-rate               ELASTRAIN_REPORT_RATE
+    --report-rate               ELASTRAIN_REPORT_RATE          --max-terminals    ELASTRAIN_MAX_TERMINALS
+    --max-lab-sockets           ELASTRAIN_MAX_LAB_SOCKETS
     --lab-max-message-bytes     ELASTRAIN_LAB_MAX_MESSAGE_BYTES  (per-user bounds: `.tenant_limits`)
     --metrics-token             ELASTRAIN_METRICS_TOKEN  (GET /metrics then needs ``Authorization: Bearer``
                                 it; unset, /metrics is open, as most exporters are)
@@ -49,7 +50,9 @@ from elastrain.server.quotas import DEFAULT_MAX_CLUSTERS, DEFAULT_MAX_CONTAINERS
 from elastrain.server.tenant_limits import (
     DEFAULT_LAB_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_EXEC_STREAMS,
+    DEFAULT_MAX_LAB_SOCKETS,
     DEFAULT_MAX_RUNNING_JOBS,
+    DEFAULT_MAX_TERMINALS,
     DEFAULT_REPORT_RATE,
 )
 
@@ -88,6 +91,8 @@ NAMES: dict[str, tuple[str, str]] = {
     "lab_max_message_bytes": ("--lab-max-message-bytes", "ELASTRAIN_LAB_MAX_MESSAGE_BYTES"),
     "max_running_jobs": ("--max-running-jobs", "ELASTRAIN_MAX_RUNNING_JOBS"),
     "report_rate": ("--report-rate", "ELASTRAIN_REPORT_RATE"),
+    "max_terminals": ("--max-terminals", "ELASTRAIN_MAX_TERMINALS"),
+    "max_lab_sockets": ("--max-lab-sockets", "ELASTRAIN_MAX_LAB_SOCKETS"),
 }
 OLD_NAMES: dict[str, tuple[str, str]] = {  # field -> its former (flag, environment variable), still accepted
     "insecure_host_commands": ("--insecure-process-backend", "ELASTRAIN_INSECURE_PROCESS_BACKEND"),
@@ -147,6 +152,8 @@ class ServerSettings(BaseSettings):
     max_exec_streams: int = Field(DEFAULT_MAX_EXEC_STREAMS, ge=1, validation_alias=_env("max_exec_streams"))
     max_running_jobs: int = Field(DEFAULT_MAX_RUNNING_JOBS, ge=1, validation_alias=_env("max_running_jobs"))
     report_rate: float = Field(DEFAULT_REPORT_RATE, gt=0, validation_alias=_env("report_rate"))
+    max_terminals: int = Field(DEFAULT_MAX_TERMINALS, ge=1, validation_alias=_env("max_terminals"))
+    max_lab_sockets: int = Field(DEFAULT_MAX_LAB_SOCKETS, ge=1, validation_alias=_env("max_lab_sockets"))
     lab_max_message_bytes: int = Field(
         DEFAULT_LAB_MAX_MESSAGE_BYTES, ge=1024, validation_alias=_env("lab_max_message_bytes")
     )

@@ -94,3 +94,31 @@ def test_a_terminal_that_stops_reading_does_not_grow_server_memory(
             wait_until(lambda: tab.shows("done-42"), 60, "the shell to answer again")
         finally:
             tab.close()
+
+
+@pytest.mark.attack
+def test_terminal_connections_beyond_the_cap_are_closed(tmp_path: Path) -> None:
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    with start_server(tmp_path, ("--insecure-host-commands", "--max-terminals", "2")) as server:
+        with server.client() as admin:
+            admin.create_cluster("tabs", containers=2)
+            admin.wait_cluster("tabs", all_running)
+        url = server.url.replace("http://", "ws://") + "/api/v1/clusters/tabs/terminal"
+        with connect(url) as first, connect(url) as second:
+            for tab in (first, second):
+                tab.send(json.dumps({"token": server.token}))
+                tab.send(json.dumps({"input": "echo open-$((6*7))\n"}))
+                wait_until(lambda tab=tab: "open-42" in str(tab.recv(timeout=10)), 20, "the tab to answer")
+            with connect(url) as third:
+                third.send(json.dumps({"token": server.token}))
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        third.recv(timeout=10)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 4429
+                assert "--max-terminals" in closed.value.rcvd.reason
+        with connect(url) as again:  # the first two are closed: a place is free again
+            again.send(json.dumps({"token": server.token}))
+            again.send(json.dumps({"input": "echo back-$((6*7))\n"}))
+            wait_until(lambda: "back-42" in str(again.recv(timeout=10)), 20, "a tab after the others closed")
