@@ -18,11 +18,12 @@ from sqlalchemy import select
 from elastrain.db.models import ContainerState, JobMetric, User
 from elastrain.portal.terminal import TerminalRegistry, TerminalSession, TerminalTarget
 from elastrain.server.deps import CurrentUser, JobsDep, ServicesDep, user_for_token
-from elastrain.server.errors import Conflict, Forbidden, NotFound, Unauthorized
+from elastrain.server.errors import Conflict, Forbidden, NotFound, TooMany, Unauthorized
 from elastrain.server.fields import MAX_DB_INT, UtcDatetime
 from elastrain.server.openapi import errors
 from elastrain.server.routes_jobs import JobId
 from elastrain.server.services import Services
+from elastrain.server.slots import terminal_slots
 
 log = logging.getLogger("elastrain.portal")
 AUTH_TIMEOUT_S = 10.0
@@ -72,6 +73,8 @@ def add_portal_api(app: FastAPI) -> None:
     """Register ``GET /api/v1/jobs/{id}/metrics`` and ``WS /api/v1/clusters/{name}/terminal``."""
     terminals = TerminalRegistry()
     app.router.on_shutdown.append(terminals.close_all)
+    settings = getattr(app.state, "settings", None)
+    tabs = terminal_slots(settings.max_terminals) if settings is not None else terminal_slots()
     api = APIRouter(prefix="/api/v1")
 
     @api.get(
@@ -123,7 +126,8 @@ def add_portal_api(app: FastAPI) -> None:
             hello = json.loads(await asyncio.wait_for(websocket.receive_text(), AUTH_TIMEOUT_S))
             user = user_for_token(services, str(hello.get("token", "")))
             target = await asyncio.to_thread(terminal_target, services, user, name)
-        except (Unauthorized, Forbidden, NotFound, Conflict) as exc:
+            release = tabs.open(user)  # 4429 past --max-terminals
+        except (Unauthorized, Forbidden, NotFound, Conflict, TooMany) as exc:
             await websocket.send_text(f"\r\n{exc}\r\n")
             await websocket.close(code=4000 + exc.status, reason=str(exc)[:120])
             return
@@ -136,10 +140,13 @@ def add_portal_api(app: FastAPI) -> None:
             target.env.update(jobs.attach_env(user, name))  # `elastrain run` typed there becomes a job
             return TerminalSession.start(target, size if isinstance(size, list) else None)
 
-        session, new = terminals.get_or_start((user.id, name), start)
-        log.info("terminal for %s in %s (%s)", user.name, target.label, "new" if new else "reattached")
-        if not new and isinstance(size, list) and len(size) == 2:
-            session.resize(size[0], size[1])
-        await session.bridge(websocket)  # the shell (and a job typed in it) outlives the tab
+        try:
+            session, new = terminals.get_or_start((user.id, name), start)
+            log.info("terminal for %s in %s (%s)", user.name, target.label, "new" if new else "reattached")
+            if not new and isinstance(size, list) and len(size) == 2:
+                session.resize(size[0], size[1])
+            await session.bridge(websocket)  # the shell (and a job typed in it) outlives the tab
+        finally:
+            release()
 
     app.include_router(api)

@@ -29,6 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.typing import Origin, Subprotocol
 
 from elastrain.backends.container_run import LabEndpoint
+from elastrain.db.models import User
 from elastrain.portal.lab_access import LabLocator, lab_user, not_answering, owned_launcher, refusal
 from elastrain.portal.lab_http import (
     SAFE_METHODS,
@@ -45,10 +46,15 @@ from elastrain.portal.lab_http import (
 from elastrain.server.deps import ServicesDep, user_for_token
 from elastrain.server.errors import ApiError, Conflict, Forbidden, NotFound, Unauthorized
 from elastrain.server.services import Services
+from elastrain.server.slots import UserSlots, lab_slots
+from elastrain.server.tenant_limits import DEFAULT_LAB_MAX_MESSAGE_BYTES
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=300.0, pool=10.0)
-MAX_MESSAGE_BYTES = 256 << 20  # one kernel message (a large output) from JupyterLab
+MAX_MESSAGE_BYTES = DEFAULT_LAB_MAX_MESSAGE_BYTES
+"""Default cap of one WebSocket message from the lab (``--lab-max-message-bytes``); the browser's side
+has uvicorn's cap (16 MiB). A larger message closes the socket (1009) instead of being buffered."""
+UPSTREAM_QUEUE = 2  # messages read ahead from the lab while the browser is slow (each <= the cap)
 CROSS_SITE = "refused a cross-site request to JupyterLab (its Origin is not this server)"
 
 
@@ -65,8 +71,10 @@ def _query(scope: Scope) -> str:
 class LabProxy:
     """The proxy's state: the upstream HTTP client (made on first use) and the lab locator."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES, sockets: UserSlots | None = None) -> None:
         self.locator = LabLocator()
+        self.max_message_bytes = max_message_bytes
+        self.sockets = sockets if sockets is not None else lab_slots()  # open WebSockets per user
         self._client: httpx.AsyncClient | None = None
 
     @property
@@ -84,8 +92,8 @@ class LabProxy:
 
     async def admit(
         self, services: Services, name: str, method: str, raw_path: str, headers: dict[str, str]
-    ) -> LabEndpoint:
-        """The endpoint of the caller's lab; an `ApiError` for anything refused."""
+    ) -> tuple[User, LabEndpoint]:
+        """The caller and the endpoint of their lab; an `ApiError` for anything refused."""
         user = await asyncio.to_thread(
             lab_user, services, headers.get("authorization"), headers.get("cookie")
         )
@@ -93,14 +101,14 @@ class LabProxy:
             raise NotFound(f"no such path under {lab_prefix(name)}")
         if method not in SAFE_METHODS and not same_origin(headers.get("origin"), headers.get("host")):
             raise Forbidden(CROSS_SITE)
-        return await asyncio.to_thread(self.locator.locate, services, user, name)
+        return user, await asyncio.to_thread(self.locator.locate, services, user, name)
 
     async def forward(self, services: Services, request: Request, name: str) -> Response:
         """One HTTP request to the lab and its answer, bodies streamed."""
         raw_path = _raw_path(request.scope)
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
-            endpoint = await self.admit(services, name, request.method, raw_path, headers)
+            _user, endpoint = await self.admit(services, name, request.method, raw_path, headers)
         except ApiError as exc:
             return refusal(exc, raw_path, name, headers.get("accept", ""))
         has_body = "transfer-encoding" in headers or headers.get("content-length", "0") not in ("", "0")
@@ -124,28 +132,46 @@ class LabProxy:
         ]
         return response
 
+    async def connect_upstream(
+        self, url: str, origin: str, offered: list[Subprotocol], headers: list[tuple[str, str]]
+    ) -> ClientConnection:
+        """The WebSocket to the lab: messages capped at `max_message_bytes` (a larger one closes it
+        with 1009 without being kept), at most `UPSTREAM_QUEUE` read ahead of the browser."""
+        return await connect(
+            url,
+            origin=Origin(origin),
+            subprotocols=offered or None,
+            additional_headers=headers,
+            user_agent_header=None,
+            max_size=self.max_message_bytes,
+            max_queue=UPSTREAM_QUEUE,
+            open_timeout=10,
+        )
+
     async def bridge(self, services: Services, websocket: WebSocket, name: str) -> None:
         """A WebSocket to the lab: admitted like HTTP (and same-origin always), then both directions
         pumped until either side closes; a refusal is an HTTP answer to the handshake."""
         raw_path = _raw_path(websocket.scope)
         headers = {k.lower(): v for k, v in websocket.headers.items()}
         try:
-            endpoint = await self.admit(services, name, "WEBSOCKET", raw_path, headers)
+            user, endpoint = await self.admit(services, name, "WEBSOCKET", raw_path, headers)
+            release = self.sockets.open(user)  # 429 past --max-lab-sockets
         except ApiError as exc:
             await _deny(websocket, exc.status, str(exc))
             return
+        try:
+            await self._bridge(websocket, name, raw_path, endpoint)
+        finally:
+            release()
+
+    async def _bridge(self, websocket: WebSocket, name: str, raw_path: str, endpoint: LabEndpoint) -> None:
         offered = [Subprotocol(p) for p in websocket.scope.get("subprotocols") or []]
         try:
-            upstream = await connect(
+            upstream = await self.connect_upstream(
                 upstream_url(endpoint.origin, raw_path, _query(websocket.scope), websocket=True),
-                origin=Origin(endpoint.origin),
-                subprotocols=offered or None,
-                additional_headers=request_headers(
-                    websocket.headers.items(), endpoint.token, endpoint.origin, websocket=True
-                ),
-                user_agent_header=None,
-                max_size=MAX_MESSAGE_BYTES,
-                open_timeout=10,
+                endpoint.origin,
+                offered,
+                request_headers(websocket.headers.items(), endpoint.token, endpoint.origin, websocket=True),
             )
         except InvalidStatus as exc:  # JupyterLab refused (e.g. 404: no such kernel or terminal)
             await _deny(websocket, exc.response.status_code, "JupyterLab refused the WebSocket")
@@ -203,8 +229,13 @@ async def _pump(websocket: WebSocket, upstream: ClientConnection) -> None:
 
 def add_lab_proxy(app: FastAPI) -> None:
     """Register the lab session route, the HTTP proxy and the WebSocket bridge under
-    ``/clusters/{name}/lab/``; the services come from ``app.state`` on the first request."""
-    proxy = LabProxy()
+    ``/clusters/{name}/lab/``; the services come from ``app.state`` on the first request, the bounds
+    from ``app.state.settings`` now (defaults without)."""
+    settings = getattr(app.state, "settings", None)
+    if settings is None:
+        proxy = LabProxy()
+    else:
+        proxy = LabProxy(settings.lab_max_message_bytes, lab_slots(settings.max_lab_sockets))
     app.router.on_shutdown.append(proxy.close)
     router = APIRouter(include_in_schema=False)
 

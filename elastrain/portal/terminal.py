@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 READ_CHUNK = 65536
 SCROLLBACK_BYTES = 256 * 1024  # replayed to a tab that (re)connects
 INPUT_BUFFER_BYTES = 256 * 1024  # typed/pasted input not yet taken by the shell, per terminal
+OUTPUT_QUEUE_BYTES = 256 * 1024  # output read from the pty but not yet sent to the tab, per terminal
 
 
 def set_nonblocking(fd: int) -> None:
@@ -139,15 +140,25 @@ def _make_controlling_tty() -> None:  # runs in the child between fork and exec
 class TerminalSession:
     """A shell process on a pty that outlives the browser tab, as JupyterLab's terminals do.
 
-    A reader thread drains the pty all the time (so a job writing to it never blocks while no tab is
-    attached) into a scrollback buffer; `bridge` replays that buffer to a WebSocket, then streams.
+    A reader thread drains the pty into a bounded scrollback buffer while no tab is attached (so a
+    job writing to it never blocks then); `bridge` replays that buffer to a WebSocket, then streams.
+    While a tab is attached, output waits in a queue bounded by `output_limit` bytes: when a tab
+    does not read (its socket is full), the queue fills and the reader thread stops reading the pty
+    until it drains, so the shell blocks on its writes (the kernel's pty buffer is the rest of the
+    bound) and the server's memory does not grow.
     """
 
-    def __init__(self, proc: subprocess.Popen[bytes], master: int) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], master: int, output_limit: int = OUTPUT_QUEUE_BYTES
+    ) -> None:
         self.proc = proc
         self.master = master
+        self.output_limit = output_limit
         set_nonblocking(master)  # input is written from the event loop: it must never block there
         self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)  # the tab's queue went under the limit
+        self._closing = False
+        self._queued = 0  # bytes handed to the attached tab's queue and not yet taken by it
         self._scrollback = bytearray()
         self._subscriber: tuple[asyncio.AbstractEventLoop, asyncio.Queue[bytes]] | None = None
         self.exited = threading.Event()
@@ -188,8 +199,27 @@ class TerminalSession:
         """The shell has not exited."""
         return not self.exited.is_set() and self.proc.poll() is None
 
+    @property
+    def queued(self) -> int:
+        """Output bytes waiting for the attached tab (at most `output_limit` plus one read)."""
+        return self._queued
+
+    def _wait_for_room(self) -> None:
+        """Block the reader thread while the attached tab's queue is full (backpressure to the pty)."""
+        with self._lock:
+            while not self._closing and self._subscriber is not None and self._queued >= self.output_limit:
+                self._drained.wait(1.0)
+
+    def _taken(self, queue: asyncio.Queue[bytes], size: int) -> None:
+        """The tab took `size` bytes from its `queue`: wake the reader if that made room."""
+        with self._lock:
+            if self._subscriber is not None and self._subscriber[1] is queue:
+                self._queued = max(0, self._queued - size)
+                self._drained.notify_all()
+
     def _read(self) -> None:
         while True:
+            self._wait_for_room()
             try:
                 data = os.read(self.master, READ_CHUNK)
             except BlockingIOError:  # the fd is non-blocking (for the writer): wait until readable
@@ -207,6 +237,8 @@ class TerminalSession:
                 else:
                     self.exited.set()
                 subscriber = self._subscriber
+                if subscriber is not None:
+                    self._queued += len(data)
             if subscriber is not None:
                 loop, queue = subscriber
                 with contextlib.suppress(RuntimeError):  # the tab's loop is closing
@@ -226,6 +258,8 @@ class TerminalSession:
         with self._lock:
             backlog = bytes(self._scrollback)
             self._subscriber = (asyncio.get_running_loop(), queue)
+            self._queued = 0
+            self._drained.notify_all()
             if self.exited.is_set():
                 queue.put_nowait(b"")
 
@@ -235,6 +269,7 @@ class TerminalSession:
                 await websocket.send_text(decoder.decode(backlog))
             while True:
                 data = await queue.get()
+                self._taken(queue, len(data))
                 if not data:
                     await websocket.close(code=1000, reason="shell exited")
                     return
@@ -261,6 +296,8 @@ class TerminalSession:
             with self._lock:
                 if self._subscriber is not None and self._subscriber[1] is queue:
                     self._subscriber = None
+                    self._queued = 0
+                    self._drained.notify_all()  # no tab: the reader drains into the scrollback again
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -268,6 +305,9 @@ class TerminalSession:
 
     def close(self) -> None:
         """Hang up: stop the shell's whole process group and close the pty."""
+        with self._lock:
+            self._closing = True  # a reader held back by a full tab queue reads (EIO) and ends
+            self._drained.notify_all()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGHUP)
         try:

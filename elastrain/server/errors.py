@@ -68,6 +68,12 @@ class Conflict(ApiError):
     status = 409
 
 
+class TooMany(ApiError):
+    """A per-user bound on things held at once (exec streams, reports per second) is reached."""
+
+    status = 429
+
+
 class FieldErrors:
     """Collects the `InvalidRequest`s of several checks; `raise_if_any` raises one naming them all.
 

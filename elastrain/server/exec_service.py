@@ -19,6 +19,7 @@ import select
 import signal
 import subprocess
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from elastrain.db.repository import find_cluster
 from elastrain.server.errors import Forbidden, InvalidRequest, NotFound
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import container_spec
+from elastrain.server.slots import UserSlots, exec_slots
 
 EXEC_ID_ENV = "ELASTRAIN_EXEC_ID"  # marks the processes of one exec call, so they can be stopped
 
@@ -93,6 +95,13 @@ def command_for(backend: Backend, spec: ContainerSpec, command: list[str]) -> li
     return rewrite_command(command, hostfile, mounts)
 
 
+def _released_after(chunks: Iterator[bytes], release: Callable[[], None]) -> Iterator[bytes]:
+    try:
+        yield from chunks
+    finally:
+        release()
+
+
 @dataclass
 class ExecService:
     """Finds the container a tenant's command runs in and starts it there through the backend."""
@@ -102,6 +111,7 @@ class ExecService:
     host_commands_allowed: bool = True  # False: process/Slurm backend without --insecure-host-commands
     host_commands_refusal: str = HOST_COMMANDS_REFUSED  # the 403's one line (`host_commands_refusal`)
     attach_env: Callable[[User, str], dict[str, str]] | None = None  # JobService.attach_env
+    streams: UserSlots = dataclasses.field(default_factory=exec_slots)  # exec streams per user
 
     def find(
         self, session: Session, user: User, name: str, container: str | None = None
@@ -143,22 +153,30 @@ class ExecService:
 
     def stream(self, user: User, spec: ContainerSpec, command: list[str]) -> Iterator[bytes]:
         """Run `command` attached; NDJSON chunks ``{"out"}``... then ``{"exit"}``. A client that goes
-        away stops it (inside the container too). An ``elastrain run`` started so becomes a job."""
-        exec_id = secrets.token_hex(8)
-        env = {EXEC_ID_ENV: exec_id}
-        if self.attach_env is not None:
-            env.update(self.attach_env(user, spec.cluster))
+        away stops it (inside the container too). An ``elastrain run`` started so becomes a job.
+        At most `streams.limit` per user at once (TooMany, 429, beyond): each is a process here."""
+        release = self.streams.open(user)
         try:
-            proc = self.start(spec, command, env=env)
-        except OSError as exc:
-            first = command_for(self.backend, spec, command)[0]
-            raise InvalidRequest(f"cannot run {first!r}: {exc.strerror}") from None
+            exec_id = secrets.token_hex(8)
+            env = {EXEC_ID_ENV: exec_id}
+            if self.attach_env is not None:
+                env.update(self.attach_env(user, spec.cluster))
+            try:
+                proc = self.start(spec, command, env=env)
+            except OSError as exc:
+                first = command_for(self.backend, spec, command)[0]
+                raise InvalidRequest(f"cannot run {first!r}: {exc.strerror}") from None
+        except BaseException:
+            release()
+            raise
         backend, running = self.backend, dataclasses.replace(spec, env={**spec.env, **env})
 
         def stop() -> None:  # the client went away: stop the command, inside the container too
             backend.stop_processes(running, EXEC_ID_ENV, exec_id, proc.pid, signal.SIGTERM)
 
-        return stream_output(proc, stop)
+        chunks = _released_after(stream_output(proc, stop), release)
+        weakref.finalize(chunks, release)  # a stream never iterated (its response never sent)
+        return chunks
 
 
 def stream_output(proc: subprocess.Popen[bytes], stop: Callable[[], None]) -> Iterator[bytes]:

@@ -50,7 +50,7 @@ from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
 from elastrain.server import job_recovery as recovery
 from elastrain.server import schemas
-from elastrain.server.errors import Conflict, InvalidRequest, NotFound, Unauthorized
+from elastrain.server.errors import Conflict, InvalidRequest, NotFound, TooMany, Unauthorized
 from elastrain.server.exec_service import ExecService, launcher_of
 from elastrain.server.inventory import Inventory
 from elastrain.server.job_files import (
@@ -63,9 +63,12 @@ from elastrain.server.job_files import (
     progress_values,
     recheck_not_terminating,
 )
+from elastrain.server.job_limits import check_running_jobs
 from elastrain.server.job_reads import JobFiles
 from elastrain.server.membership import JobMembership
+from elastrain.server.rate import RateLimiter
 from elastrain.server.reconciler import aware, container_spec, tenant_uid
+from elastrain.server.tenant_limits import DEFAULT_MAX_RUNNING_JOBS, DEFAULT_REPORT_RATE
 
 TENSORBOARD_DIR_ENV = "ELASTRAIN_TENSORBOARD_DIR"  # read by `elastrain run` and `elastrain.report`
 log = logging.getLogger(__name__)
@@ -87,6 +90,8 @@ class JobService:
     report_url: str = ""
     membership: JobMembership = field(default_factory=JobMembership)
     exec_service: ExecService | None = None  # default: one on `backend` (`main` shares the server's)
+    max_running_jobs: int = DEFAULT_MAX_RUNNING_JOBS  # per user (--max-running-jobs)
+    reports: RateLimiter = field(default_factory=lambda: RateLimiter(DEFAULT_REPORT_RATE))  # per job
     _offsets: dict[int, int] = field(default_factory=dict)
     _attach_tokens: dict[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (user id, cluster)
     _attach_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -169,7 +174,9 @@ class JobService:
     def _new_job(
         self, session: Session, cluster: Cluster, launcher: str, user: User, command: list[str], token: str
     ) -> tuple[Job, Path]:
-        """A Running job row with its report token, and its log file (headed by the command) in `launcher`."""
+        """A Running job row with its report token, and its log file (headed by the command) in `launcher`;
+        429 when `user` has `max_running_jobs` Running already."""
+        check_running_jobs(session, user, self.max_running_jobs)
         job = Job(
             cluster_id=cluster.id,
             owner_id=user.id,
@@ -354,11 +361,15 @@ class JobService:
         cluster = session.get(Cluster, job.cluster_id)
         add_event(session, actor, action, cluster.name if cluster else "", job.owner_id, **detail, job=job.id)
 
-    @staticmethod
-    def _authenticated(session: Session, job_id: int, token: str) -> Job:
+    def _authenticated(self, session: Session, job_id: int, token: str) -> Job:
+        """The job whose report token `token` is; 429 past its report rate (--report-rate)."""
         job = session.get(Job, job_id)
         if job is None or not token or job.report_token_hash != hash_token(token):
             raise Unauthorized("unknown job or wrong report token (ELASTRAIN_REPORT_TOKEN)")
+        if not self.reports.allow(job_id):
+            raise TooMany(
+                f"job {job_id} reports more than {self.reports.rate:g} times a second; report less often"
+            )
         return job
 
     @staticmethod

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from elastrain.errors import ConfigError
+from elastrain.server.tenant_limits import add_tenant_limit_flags
 
 if TYPE_CHECKING:
     from elastrain.backends.api import Backend
@@ -158,6 +159,7 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         help="GET /metrics needs `Authorization: Bearer TOKEN` (16+ printable characters); prefer env "
         "ELASTRAIN_METRICS_TOKEN or the settings file, as a flag shows in `ps` (default: /metrics is open)",
     )
+    add_tenant_limit_flags(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log reconciler decisions and requests")
 
 
@@ -302,12 +304,14 @@ def exec_service_for(settings: ServerSettings, backend: Backend, inventory: Inve
     policy of `settings` (`host_commands_policy`: refused on the process and Slurm backends without
     --insecure-host-commands, with a one-line 403 saying how to allow them)."""
     from elastrain.server.exec_service import ExecService, host_commands_refusal
+    from elastrain.server.slots import exec_slots
 
     return ExecService(
         backend,
         inventory,
         host_commands_allowed=host_commands_policy(settings),
         host_commands_refusal=host_commands_refusal(settings.backend),
+        streams=exec_slots(settings.max_exec_streams),
     )
 
 
@@ -334,6 +338,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
     from elastrain.server.jobs import JobService
     from elastrain.server.limits import resolve_max_body_bytes
     from elastrain.server.membership import JobMembership
+    from elastrain.server.rate import RateLimiter
     from elastrain.server.reconciler import Reconciler
     from elastrain.server.scheduling import scheduler_for
     from elastrain.server.services import Services
@@ -395,6 +400,8 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         report_url=f"http://{local}:{port}",
         membership=membership,
         exec_service=commands,
+        max_running_jobs=settings.max_running_jobs,
+        reports=RateLimiter(settings.report_rate),
     )
     reconciler.hooks.append(jobs.poll)
     reconciler.steps.troubles.append(jobs.files.troubles)  # a job's refused files: its cluster Degraded

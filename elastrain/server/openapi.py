@@ -33,6 +33,7 @@ _WHY = {
     409: "The object exists already or its state refuses the request (retry later).",
     413: "The request body is larger than the server's cap (--max-body-bytes).",
     422: "A value is refused; `errors` names every bad field.",
+    429: "A per-user bound is reached (e.g. concurrent exec streams); retry when one ends.",
     500: "A server bug; the access log has the request id.",
     503: "Reads of this cluster's files still run (a few per cluster); retry later.",
     504: "A file the tenant can write did not answer within the read deadline; retry later.",

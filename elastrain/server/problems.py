@@ -42,6 +42,7 @@ PROBLEM_TYPES: dict[int, tuple[str, str]] = {
     409: ("conflict", "Conflict"),
     413: ("too-large", "Request body too large"),
     422: ("validation", "Invalid request"),
+    429: ("too-many", "Too many requests"),
     500: ("internal", "Internal server error"),
 }
 """status -> (the last part of the type URI, title): one problem type per kind of refusal."""

@@ -4,13 +4,16 @@ gpus_per_container). A limit stored on the user row overrides the server default
 An elastic cluster counts at its ``max_containers`` (the scheduler may grow it that far), a cluster
 being deleted counts until it is gone. A request that would take a user past a limit is refused
 (403) before anything is written; shrinking is always allowed, even above a lowered limit.
+
+A check and the write it allows are one transaction that holds the owner's lock (`lock_owner`): of
+concurrent requests of one user, each counts what the ones before it committed (no race past a limit).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from elastrain.db.models import Cluster, User
@@ -104,8 +107,22 @@ def refusal(owner: str, limits: Limits, usage: Usage, adding: Usage) -> str | No
     return None
 
 
+def lock_owner(session: Session, owner_id: int) -> None:
+    """Serialize the quota-checked writes of user `owner_id` until this transaction ends: a no-op
+    UPDATE of their row takes SQLite's write lock (a plain SELECT takes none, so two requests could
+    both count before either wrote) and the row's lock on PostgreSQL. Call it before anything that
+    counts; reads after it see every write committed before it."""
+    session.execute(
+        update(User)
+        .where(User.id == owner_id)
+        .values(quota_clusters=User.quota_clusters)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def _owner_locked(session: Session, owner_id: int) -> User:
-    """The owner row, locked until commit on PostgreSQL (concurrent requests of one owner queue)."""
+    """The owner row, locked until commit (`lock_owner`; concurrent requests of one owner queue)."""
+    lock_owner(session, owner_id)
     owner = session.get(User, owner_id, with_for_update=True, populate_existing=True)
     if owner is None:
         raise Forbidden("the cluster's owner no longer exists")

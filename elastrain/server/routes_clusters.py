@@ -148,7 +148,7 @@ async def get_container_logs(
     "/clusters/{name}/exec",
     response_class=NdjsonResponse,
     responses=merged(
-        errors(*BODY, 403, 404, 409),
+        errors(*BODY, 403, 404, 409, 429),
         {
             200: {
                 "description": "NDJSON lines",
@@ -166,7 +166,7 @@ def exec_command(
     """Run a command in the launcher container (or `container`); streams NDJSON (application/x-ndjson):
     ``{"out": TEXT}`` lines, then ``{"exit": CODE}``. 403: not the owner, or host commands are off;
     409: `container` is not one of the cluster's, or it is not Running (or the cluster has no launcher
-    yet)."""
+    yet); 429: the caller has ``--max-exec-streams`` streams open already."""
     return NdjsonResponse(services.exec_stream(user, name, req))
 
 

@@ -59,7 +59,7 @@ router = APIRouter(prefix="/api/v1", tags=["jobs"])
     "/clusters/{name}/jobs",
     response_model=schemas.JobOut,
     status_code=201,
-    responses=created(*BODY, 403, 404, 409),
+    responses=created(*BODY, 403, 404, 409, 429),
 )
 def submit_job(
     jobs: JobsDep,
@@ -69,7 +69,8 @@ def submit_job(
     response: Response,
 ) -> schemas.JobOut:
     """Run a command detached in the launcher container (`elastrain job submit`); `Location` is the
-    job's URL. 403: not the owner, or host commands are off; 409: no Running launcher yet."""
+    job's URL. 403: not the owner, or host commands are off; 409: no Running launcher yet; 429: the
+    caller has ``--max-running-jobs`` jobs running."""
     out = jobs.submit(user, name, req)
     response.headers["Location"] = location("jobs", out.id)
     return out
@@ -122,7 +123,7 @@ def list_job_checkpoints(jobs: JobsDep, job_id: JobId, user: CurrentUser) -> lis
     return list(jobs.checkpoints(user, job_id))
 
 
-@router.post("/jobs/{job_id}/progress", status_code=204, responses=errors(*BODY))
+@router.post("/jobs/{job_id}/progress", status_code=204, responses=errors(*BODY, 429))
 def report_progress(
     jobs: JobsDep,
     job_id: JobId,
@@ -130,12 +131,12 @@ def report_progress(
     x_job_token: Annotated[str, Header()] = "",
 ) -> Response:
     """A job reports step/epoch/loss/samples_per_s/world_size and other named scalars (auth: its
-    X-Job-Token; 401 without)."""
+    X-Job-Token; 401 without; 429 past ``--report-rate`` reports a second)."""
     jobs.report(job_id, x_job_token, progress)
     return Response(status_code=204)
 
 
-@router.post("/jobs/attach", response_model=schemas.JobAttached, responses=errors(*BODY, 404, 409))
+@router.post("/jobs/attach", response_model=schemas.JobAttached, responses=errors(*BODY, 404, 409, 429))
 def attach_job(
     jobs: JobsDep,
     req: Annotated[schemas.JobAttach, Body(openapi_examples=_ATTACH)],
@@ -145,7 +146,7 @@ def attach_job(
     return jobs.attach(x_attach_token, req)
 
 
-@router.post("/jobs/{job_id}/incidents", status_code=204, responses=errors(*BODY))
+@router.post("/jobs/{job_id}/incidents", status_code=204, responses=errors(*BODY, 429))
 def report_incident(
     jobs: JobsDep,
     job_id: JobId,

@@ -139,6 +139,7 @@ class Services:
         framework, low, high, elastic = valid.framework, valid.low, valid.high, valid.elastic
         shm, memory, policy, mounts, image = valid.shm, valid.memory, valid.policy, valid.mounts, valid.image
         with self.db.session() as session:
+            quotas.lock_owner(session, user.id)  # first: the name and quota checks see every commit
             if cluster_by_name(session, req.name) is not None:
                 raise Conflict(f"cluster name {req.name!r} is taken; pick another name")
             quotas.check_create(

@@ -15,6 +15,10 @@ Every setting has a flag, an environment variable and a key of the settings file
     --kubeconfig                ELASTRAIN_KUBECONFIG           --namespace        ELASTRAIN_K8S_NAMESPACE
     --k8s-image-registry        ELASTRAIN_K8S_IMAGE_REGISTRY   --k8s-api-url      ELASTRAIN_K8S_API_URL
                                 (the kubernetes backend's; see `elastrain.backends.kubernetes`)
+    --max-exec-streams          ELASTRAIN_MAX_EXEC_STREAMS     --max-running-jobs ELASTRAIN_MAX_RUNNING_JOBS
+    --report-rate               ELASTRAIN_REPORT_RATE          --max-terminals    ELASTRAIN_MAX_TERMINALS
+    --max-lab-sockets           ELASTRAIN_MAX_LAB_SOCKETS
+    --lab-max-message-bytes     ELASTRAIN_LAB_MAX_MESSAGE_BYTES  (per-user bounds: `.tenant_limits`)
     --metrics-token             ELASTRAIN_METRICS_TOKEN  (GET /metrics then needs ``Authorization: Bearer``
                                 it; unset, /metrics is open, as most exporters are)
 
@@ -43,6 +47,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from elastrain.errors import ConfigError
 from elastrain.server.main import DEFAULT_DATA_DIR
 from elastrain.server.quotas import DEFAULT_MAX_CLUSTERS, DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_GPUS
+from elastrain.server.tenant_limits import (
+    DEFAULT_LAB_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_EXEC_STREAMS,
+    DEFAULT_MAX_LAB_SOCKETS,
+    DEFAULT_MAX_RUNNING_JOBS,
+    DEFAULT_MAX_TERMINALS,
+    DEFAULT_REPORT_RATE,
+)
 
 CONFIG_ENV = "ELASTRAIN_CONFIG"
 DB_ENV = "ELASTRAIN_DB"
@@ -75,6 +87,12 @@ NAMES: dict[str, tuple[str, str]] = {
     "k8s_image_registry": ("--k8s-image-registry", "ELASTRAIN_K8S_IMAGE_REGISTRY"),
     "k8s_api_url": ("--k8s-api-url", "ELASTRAIN_K8S_API_URL"),
     "metrics_token": ("--metrics-token", METRICS_TOKEN_ENV),
+    "max_exec_streams": ("--max-exec-streams", "ELASTRAIN_MAX_EXEC_STREAMS"),
+    "lab_max_message_bytes": ("--lab-max-message-bytes", "ELASTRAIN_LAB_MAX_MESSAGE_BYTES"),
+    "max_running_jobs": ("--max-running-jobs", "ELASTRAIN_MAX_RUNNING_JOBS"),
+    "report_rate": ("--report-rate", "ELASTRAIN_REPORT_RATE"),
+    "max_terminals": ("--max-terminals", "ELASTRAIN_MAX_TERMINALS"),
+    "max_lab_sockets": ("--max-lab-sockets", "ELASTRAIN_MAX_LAB_SOCKETS"),
 }
 OLD_NAMES: dict[str, tuple[str, str]] = {  # field -> its former (flag, environment variable), still accepted
     "insecure_host_commands": ("--insecure-process-backend", "ELASTRAIN_INSECURE_PROCESS_BACKEND"),
@@ -130,6 +148,14 @@ class ServerSettings(BaseSettings):
     k8s_api_url: str = Field("", pattern=r"^(https?://\S+)?$", validation_alias=_env("k8s_api_url"))
     metrics_token: str | None = Field(
         None, min_length=16, pattern=r"^[\x21-\x7e]+$", validation_alias=_env("metrics_token")
+    )
+    max_exec_streams: int = Field(DEFAULT_MAX_EXEC_STREAMS, ge=1, validation_alias=_env("max_exec_streams"))
+    max_running_jobs: int = Field(DEFAULT_MAX_RUNNING_JOBS, ge=1, validation_alias=_env("max_running_jobs"))
+    report_rate: float = Field(DEFAULT_REPORT_RATE, gt=0, validation_alias=_env("report_rate"))
+    max_terminals: int = Field(DEFAULT_MAX_TERMINALS, ge=1, validation_alias=_env("max_terminals"))
+    max_lab_sockets: int = Field(DEFAULT_MAX_LAB_SOCKETS, ge=1, validation_alias=_env("max_lab_sockets"))
+    lab_max_message_bytes: int = Field(
+        DEFAULT_LAB_MAX_MESSAGE_BYTES, ge=1024, validation_alias=_env("lab_max_message_bytes")
     )
 
     @field_validator("allow_mount", mode="before")

@@ -20,15 +20,20 @@ Server = ControlPlane  # the security tests' name for a running server (proc, po
 
 @contextlib.contextmanager
 def start_server(
-    root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None
+    root: Path,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    db_url: str | None = None,
 ) -> Iterator[Server]:
     """`elastrain server` on the process backend with its data under `root` (log: root/server.log),
     mounts allowed below `root`, no GPUs. Yields once it answers /healthz; stopped (SIGTERM, then
-    SIGKILL) on exit. `env`: the server's environment (default: this one less ELASTRAIN_MAX_BODY_BYTES)."""
+    SIGKILL) on exit. `env`: the server's environment (default: this one less ELASTRAIN_MAX_BODY_BYTES);
+    `db_url`: its database (default: SQLite in its data dir)."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "ELASTRAIN_MAX_BODY_BYTES"}
     server = ControlPlane(
         root,
+        db_url,
         gpus=0,
         extra_args=("--allow-mount", str(root), *extra_args),
         insecure_host_commands=False,
