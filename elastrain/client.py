@@ -246,9 +246,11 @@ class Client:
         memory: str = "",
         cpus: float = 0.0,
         gpu_type: str | None = None,
+        idle_release_after: int | None = None,
     ) -> ClusterInfo:
         """Create a cluster (its containers start asynchronously); ``min_containers``/``max_containers``
-        make it elastic (a server started with ``--scheduler elastic`` resizes it within them);
+        bound it (the elastic scheduler, the server's default, resizes it within them);
+        ``idle_release_after`` (seconds, 0: never) overrides the server's idle release;
         ``gpu_type`` asks for GPUs of one model (sent only when given: an older server refuses it)."""
         body: dict[str, Any] = {
             "name": name,
@@ -267,6 +269,8 @@ class Client:
         }
         if gpu_type is not None:
             body["gpu_type"] = gpu_type
+        if idle_release_after is not None:  # sent only when given: an older server refuses it
+            body["idle_release_after"] = idle_release_after
         return ClusterInfo.from_json(self._request("POST", "/clusters", json=body).json())
 
     def list_images(self) -> list[dict[str, Any]]:
