@@ -14,47 +14,18 @@ from elastrain.backends.fake import FakeBackend
 from elastrain.db.models import Cluster, ClusterState, Event, Framework, Job, JobStatus
 from elastrain.db.repository import all_clusters, create_user
 from elastrain.db.session import Database
-from elastrain.scheduler.api import ClusterState as SimState
-from elastrain.scheduler.api import Decision, DecisionKind, Policy
-from elastrain.scheduler.registry import make_policy
-from elastrain.scheduler.simulator import SimConfig, simulate
-from elastrain.scheduler.trace import TraceJob
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import Reconciler
 from elastrain.server.scheduler_step import ClusterScheduler
 from elastrain.testing.reconcile import settle
-
-GPUS = 6
-# (id, submit s, GPUs asked, min, max, duration s, the job's elastrain run range)
-TRACE = (
-    ("a", 0.0, 4, 2, 4, 1e6, "--min-np 2 --max-np 4"),
-    ("b", 100.0, 2, 2, 2, 200.0, "-np 2"),
-    ("c", 200.0, 2, 2, 2, 200.0, "-np 2"),
-    ("d", 500.0, 2, 2, 2, 1e6, "-np 2"),
+from elastrain.testing.scheduler_trace import (
+    GPUS,
+    STEPS,
+    TRACE,
+    Decided,
+    event_decision,
+    simulator_decisions,
 )
-STEPS = ("+a", "+b", "+c", "-b", "-c", "+d")  # the trace's events in time order (arrival +, end -)
-
-
-class Recording(Policy):
-    """The policy, with every resize decision noted as (kind, job, workers after)."""
-
-    name = "elastic"
-
-    def __init__(self, inner: Policy) -> None:
-        self.inner = inner
-        self.log: list[tuple[str, str, int]] = []
-
-    def decide(self, state: SimState) -> list[Decision]:
-        decisions = self.inner.decide(state)
-        for d in decisions:
-            if d.kind in (DecisionKind.START, DecisionKind.GROW, DecisionKind.SHRINK):
-                self.log.append((d.kind.value, d.job_id, getattr(d, "workers", 0)))
-            elif d.kind is DecisionKind.PREEMPT:
-                self.log.append(("preempt", d.job_id, 0))
-        return decisions
-
-    def next_wakeup_s(self, state: SimState) -> float | None:
-        return self.inner.next_wakeup_s(state)
 
 
 @pytest.fixture
@@ -65,14 +36,7 @@ def db(tmp_path: Path) -> Iterator[Database]:
     database.engine.dispose()
 
 
-def simulator_decisions() -> list[tuple[str, str, int]]:
-    trace = [TraceJob(j, t, n, dur, min_gpus=lo, max_gpus=hi) for j, t, n, lo, hi, dur, _ in TRACE]
-    policy = Recording(make_policy("elastic"))
-    simulate(trace, policy, SimConfig(gpus=GPUS, gpus_per_node=GPUS, restart_cost_s=0.0))
-    return policy.log
-
-
-def platform_decisions(db: Database) -> list[tuple[str, str, int]]:
+def platform_decisions(db: Database) -> list[Decided]:
     backend = FakeBackend()
     r = Reconciler(db, backend, Inventory(GPUS, False), drain_s=0, scheduler=ClusterScheduler("elastic"))
     with db.session() as session:
@@ -111,12 +75,7 @@ def platform_decisions(db: Database) -> list[tuple[str, str, int]]:
             out = [(e.action, e.cluster, json.loads(e.detail)) for e in session.scalars(query)]
     finally:
         backend.close()
-    log: list[tuple[str, str, int]] = []
-    for action, name, detail in out:
-        before, after = detail.get("before", 0), detail.get("after", 0)
-        kind = {"cluster.admitted": "start", "cluster.preempted": "preempt"}.get(action)
-        log.append((kind or ("grow" if after > before else "shrink"), name, after))
-    return log
+    return [event_decision(a, name, d.get("before", 0), d.get("after", 0)) for a, name, d in out]
 
 
 def test_the_control_plane_and_the_simulator_decide_alike(db: Database) -> None:
