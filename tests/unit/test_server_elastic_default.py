@@ -24,6 +24,7 @@ from elastrain.server.inventory import Inventory
 from elastrain.server.job_range import RankRange, rank_range
 from elastrain.server.reconciler import Reconciler
 from elastrain.server.scheduler_step import ClusterScheduler
+from elastrain.server.scheduling import fold_service
 from elastrain.server.settings import ServerSettings
 from elastrain.testing.reconcile import clusters, settle
 
@@ -93,30 +94,25 @@ def test_elastic_is_the_default_and_idle_release_defaults_to_600_s() -> None:
 
 
 def test_attained_service_is_persisted_and_ranks_after_a_restart(db: Database) -> None:
-    add_cluster(db, "old", 2, min_containers=2, max_containers=2)
-    r = Reconciler(db, FakeBackend(), Inventory(2, False), drain_s=0, scheduler=ClusterScheduler())
-    settle(r)
-    with db.session() as session:  # an hour of 2 GPUs ago
-        c = session.scalars(select(Cluster)).one()
-        c.service_since = utcnow() - timedelta(hours=1)
+    """Two elastic clusters with elastic jobs share 8 GPUs; "old" came first but has had 10 GPU-hours
+    (on its row, as a server before the restart left it): a newcomer's minimum comes from "old"."""
+    for name in ("old", "new"):
+        add_cluster(db, name, 4, min_containers=2, max_containers=4)
+        run_job(db, name, "elastrain run --min-np 2 --max-np 4 python t.py")
+    backend = FakeBackend()
+    settle(Reconciler(db, backend, Inventory(8, False), drain_s=0, scheduler=ClusterScheduler()))
+    assert [k.desired_containers for k in clusters(db)] == [4, 4]
     with db.session() as session:
-        c = session.scalars(select(Cluster)).one()
-        c.desired_containers = 3  # the requested size changes: service is folded up to now
-    from elastrain.server.scheduling import fold_service
-
-    with db.session() as session:
-        c = session.scalars(select(Cluster)).one()
-        fold_service(c, utcnow())
-        assert c.attained_gpu_s == pytest.approx(3 * 3600, rel=0.01)
-    # a fresh scheduler (a restarted server) reads it back into the policy's state
-    fresh = ClusterScheduler()
-    state_service: list[float] = []
-    original = fresh.policy.decide
-    fresh.policy.decide = lambda s: (
-        state_service.extend(j.attained_at(s.now_s) for j in s.running) or original(s)
-    )  # type: ignore[method-assign]
-    fresh.run(db, 4)
-    assert state_service and state_service[0] >= 3 * 3600
+        old = session.scalars(select(Cluster).where(Cluster.name == "old")).one()
+        fold_service(old, utcnow())
+        old.attained_gpu_s += 10 * 3600.0
+    restarted = Reconciler(db, backend, Inventory(8, False), drain_s=0, scheduler=ClusterScheduler())
+    add_cluster(db, "newcomer", 2, min_containers=2, max_containers=2)
+    settle(restarted)
+    old, new, newcomer = clusters(db)
+    assert (old.desired_containers, new.desired_containers, newcomer.admitted) == (2, 4, True)
+    assert old.size_reason == "shrunk for cluster newcomer (priority 0)"
+    assert old.attained_gpu_s > 10 * 3600.0 and old.service_since is not None
 
 
 def test_a_better_ranked_cluster_preempts_and_the_preempted_one_gives_back_every_container(
