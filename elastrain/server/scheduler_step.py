@@ -143,8 +143,11 @@ def _write(session: Session, cluster: Cluster, target: Target, now: datetime) ->
         log.info("cluster %s preempted (%s)", cluster.name, target.reason)
         return "preempted"
     if not target.admitted:
-        if cluster.size_reason != target.reason:
-            cluster.size_reason = target.reason
+        reason = target.reason
+        if cluster.size_reason.startswith("preempted for") and not cluster.admitted:
+            reason = f"{cluster.size_reason.partition('; ')[0]}; {reason}"  # keep why it lost its GPUs
+        if cluster.size_reason != reason:
+            cluster.size_reason = reason
         return None
     cluster.size_reason = target.reason or cluster.size_reason
     if before == target.containers and was_admitted:

@@ -125,12 +125,13 @@ def test_a_better_ranked_cluster_preempts_and_the_preempted_one_gives_back_every
     settle(r)
     low, high = clusters(db)
     assert (low.desired_containers, low.admitted, low.containers) == (0, False, [])
-    assert low.size_reason == "waiting for 4 GPUs (its minimum)" and low.state == ClusterState.Pending
+    assert low.state == ClusterState.Pending
     assert high.admitted and len(high.containers) == 2
     with db.session() as session:
         query = select(Event).where(Event.action == "cluster.preempted")
         (event,) = [json.loads(e.detail) for e in session.scalars(query)]
     assert (event["before"], event["reason"]) == (4, "preempted for cluster high (priority 5)")
+    assert low.size_reason == "preempted for cluster high (priority 5); waiting for 4 GPUs (its minimum)"
 
 
 def test_reported_gradient_statistics_make_the_speed_a_goodput() -> None:
@@ -178,5 +179,32 @@ def test_an_idle_cluster_releases_its_workers_and_a_job_brings_them_back(db: Dat
     assert (a.desired_containers, a.idle_released, len(a.containers)) == (4, False, 4)
 
 
-def test_idle_release_off_and_words() -> None:
+def test_a_static_server_releases_idle_workers_too_and_a_job_restores_the_requested_size(
+    db: Database,
+) -> None:
+    add_cluster(db, "a", 3, admitted=True)
+    r = Reconciler(db, FakeBackend(), Inventory(4, False), drain_s=0, idle=IdleRelease(30, elastic=False))
+    settle(r)
+    with db.session() as session:
+        row = session.scalars(select(Cluster)).one()
+        row.created_at = row.active_at = utcnow() - timedelta(seconds=31)
+    r.idle._last = None  # type: ignore[union-attr]
+    settle(r)
+    (a,) = clusters(db)
+    assert (a.desired_containers, a.size_reason) == (1, "idle for 30 s: workers released")
+    run_job(db, "a", "python t.py")
+    r.idle._last = None  # type: ignore[union-attr]
+    settle(r)
+    (a,) = clusters(db)
+    assert (a.desired_containers, a.idle_released, len(a.containers)) == (3, False, 3)
+
+
+def test_idle_release_off_and_words(db: Database) -> None:
+    add_cluster(db, "a", 3, admitted=True, idle_release_after=0)  # 0: never, whatever the server says
+    r = Reconciler(db, FakeBackend(), Inventory(4, False), drain_s=0, idle=IdleRelease(1, elastic=False))
+    with db.session() as session:
+        row = session.scalars(select(Cluster)).one()
+        row.created_at = row.active_at = utcnow() - timedelta(hours=1)
+    settle(r)
+    assert clusters(db)[0].desired_containers == 3
     assert (duration_words(600), duration_words(90), duration_words(7200)) == ("10 min", "90 s", "2 h")
