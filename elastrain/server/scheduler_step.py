@@ -84,7 +84,8 @@ class ClusterScheduler:
             set_speed(self.policy, demands)
             parked = [d.name for d in demands if d.parked]
             priorities = {d.name: d.priority for d in demands}
-            targets = plan_targets(state, self.policy.decide(state), parked, priorities)
+            desired = {d.name: d.desired for d in demands if d.admitted}
+            targets = plan_targets(state, self.policy.decide(state), parked, priorities, desired)
             written = [_write(session, rows[t.cluster], t, now) for t in targets]
         for kind in written:
             if kind is not None:

@@ -107,10 +107,13 @@ def plan_targets(
     decisions: Sequence[api.Decision],
     parked: Iterable[str] = (),
     priorities: dict[str, int] | None = None,
+    desired: dict[str, int] | None = None,
 ) -> list[Target]:
     """Validate ``decisions`` with :func:`elastrain.scheduler.api.apply` and list, in decision order,
     every cluster that starts, grows, shrinks, is preempted or keeps waiting, with the reason in
-    words. A parked cluster's size counts its launcher on top of the workers the policy gave it."""
+    words; then every running cluster whose ``desired`` count (the DB's) is outside the bounds its
+    job now gives (:func:`build_state` runs it within them). A parked cluster's size counts its
+    launcher on top of the workers the policy gave it."""
     after = {j.id: j for j in api.apply(state, decisions).running}
     before = {j.id: j.workers for j in state.running}
     offset = {name: 1 for name in parked}
@@ -133,6 +136,11 @@ def plan_targets(
             seen.add(d.job_id)
             job = after[d.job_id]
             out.append(Target(job.id, job.workers + offset.get(job.id, 0), True, reason))
+    for job in after.values():
+        size = job.workers + offset.get(job.id, 0)
+        if job.id not in seen and desired and desired.get(job.id, size) != size:
+            low, high = job.min_workers + offset.get(job.id, 0), job.max_workers + offset.get(job.id, 0)
+            out.append(Target(job.id, size, True, f"fitted to its job's range ({low}..{high} containers)"))
     return out
 
 

@@ -208,3 +208,15 @@ def test_idle_release_off_and_words(db: Database) -> None:
     settle(r)
     assert clusters(db)[0].desired_containers == 3
     assert (duration_words(600), duration_words(90), duration_words(7200)) == ("10 min", "90 s", "2 h")
+
+
+def test_a_fixed_size_job_fits_its_cluster_to_the_ranks_it_runs(db: Database) -> None:
+    add_cluster(db, "a", 4)
+    r = Reconciler(db, FakeBackend(), Inventory(4, False), drain_s=0, scheduler=ClusterScheduler())
+    settle(r)
+    assert clusters(db)[0].desired_containers == 4
+    run_job(db, "a", "horovodrun -np 2 python t.py")  # two ranks: the launcher and one worker
+    settle(r)
+    (a,) = clusters(db)
+    assert (a.desired_containers, len(a.containers)) == (2, 2)
+    assert a.size_reason == "fitted to its job's range (2..2 containers)"
