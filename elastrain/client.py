@@ -83,6 +83,7 @@ class ClusterInfo:
     max_containers: int = 0
     priority: int = 0
     size_reason: str = ""
+    idle_release_after: int | None = None  # seconds without a job before the workers go (None: server's)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -109,6 +110,7 @@ class ClusterInfo:
             max_containers=data.get("max_containers", 0),
             priority=data.get("priority", 0),
             size_reason=data.get("size_reason", ""),
+            idle_release_after=data.get("idle_release_after"),
             raw=data,
         )
 
@@ -137,6 +139,7 @@ class ClusterInfo:
             "max_containers": self.max_containers,
             "priority": self.priority,
             "size_reason": self.size_reason,
+            "idle_release_after": self.idle_release_after,
             "hostfile_generation": self.hostfile_generation,
             "launch_hint": self.raw.get("launch_hint", ""),
         }
@@ -246,9 +249,11 @@ class Client:
         memory: str = "",
         cpus: float = 0.0,
         gpu_type: str | None = None,
+        idle_release_after: int | None = None,
     ) -> ClusterInfo:
         """Create a cluster (its containers start asynchronously); ``min_containers``/``max_containers``
-        make it elastic (a server started with ``--scheduler elastic`` resizes it within them);
+        bound it (the elastic scheduler, the server's default, resizes it within them);
+        ``idle_release_after`` (seconds, 0: never) overrides the server's idle release;
         ``gpu_type`` asks for GPUs of one model (sent only when given: an older server refuses it)."""
         body: dict[str, Any] = {
             "name": name,
@@ -267,6 +272,8 @@ class Client:
         }
         if gpu_type is not None:
             body["gpu_type"] = gpu_type
+        if idle_release_after is not None:  # sent only when given: an older server refuses it
+            body["idle_release_after"] = idle_release_after
         return ClusterInfo.from_json(self._request("POST", "/clusters", json=body).json())
 
     def list_images(self) -> list[dict[str, Any]]:

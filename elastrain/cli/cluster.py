@@ -128,7 +128,7 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--min-containers",
         type=int,
-        help="elastic: fewest containers incl. the launcher (default: --containers)",
+        help="elastic: fewest containers incl. the launcher (default: 2)",
     )
     p.add_argument(
         "--max-containers",
@@ -136,6 +136,13 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
         help="elastic: most containers incl. the launcher (default: --containers)",
     )
     p.add_argument("--priority", type=int, default=0, help="higher is scheduled first and shrunk last")
+    p.add_argument(
+        "--idle-release-after",
+        type=int,
+        default=None,
+        metavar="S",
+        help="release the workers after S seconds without a running job (0: never; default: the server's)",
+    )
     p.add_argument(
         "--gpu-type",
         metavar="MODEL",
@@ -183,9 +190,17 @@ def _add_scheduler_flag(server: argparse.ArgumentParser) -> None:
         "--scheduler",
         choices=[m.value for m in SchedulerMode],
         default=None,
-        help="static: clusters keep their requested size (default); elastic: grow clusters into idle "
-        "GPUs within --min/--max-containers and shrink them to admit waiting ones "
-        "(env ELASTRAIN_SCHEDULER)",
+        help="elastic (default): the simulator's elastic policy: a cluster follows its running job's "
+        "--min-np/--max-np within its bounds, grows into idle GPUs, shrinks or is preempted for "
+        "better-ranked clusters; static: clusters keep their requested size (env ELASTRAIN_SCHEDULER)",
+    )
+    server.add_argument(
+        "--idle-release-after",
+        type=int,
+        default=None,
+        metavar="S",
+        help="release the workers of a cluster with GPUs and no running job for S seconds (its launcher "
+        "stays); 0: never (env ELASTRAIN_IDLE_RELEASE_AFTER; default 600)",
     )
 
 
@@ -246,6 +261,7 @@ def _create(client: Client, args: argparse.Namespace) -> int:
         max_containers=args.max_containers,
         priority=args.priority,
         gpu_type=args.gpu_type,
+        idle_release_after=args.idle_release_after,
     )
     if args.wait:
         cluster = _wait_running(client, args.name, args.timeout)

@@ -119,6 +119,8 @@ class EventAction(str, enum.Enum):
     cluster_deleted = "cluster.deleted"
     cluster_admitted = "cluster.admitted"
     cluster_rescheduled = "cluster.rescheduled"
+    cluster_preempted = "cluster.preempted"
+    cluster_idle_released = "cluster.idle_released"
     cluster_pending = "cluster.pending"
     cluster_running = "cluster.running"
     cluster_degraded = "cluster.degraded"
@@ -229,6 +231,13 @@ class Cluster(Base):
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     cpus: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    # migration 0008: the elastic scheduler's memory and idle release (see elastrain.server.scheduling)
+    requested_containers: Mapped[int | None] = mapped_column(Integer, nullable=True)  # create/scale
+    idle_release_after: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: server default
+    idle_released: Mapped[bool] = mapped_column(Boolean, default=False)  # workers released, launcher kept
+    active_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)  # last scale/submit
+    attained_gpu_s: Mapped[float] = mapped_column(Float, default=0.0)  # GPU-seconds up to service_since
+    service_since: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     containers: Mapped[list[Container]] = relationship(
         back_populates="cluster", cascade="all, delete-orphan", order_by="Container.id"
     )

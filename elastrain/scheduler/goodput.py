@@ -202,6 +202,23 @@ class JobGoodput:
         return self.model.optimize(nodes, replicas, self.max_batch_size, self.local_bsz_range)
 
 
+@dataclass(frozen=True, slots=True)
+class ReportedEfficiency:
+    """Statistical efficiency from what a running job reports (gradient statistics and its batch),
+    for a job whose system throughput is measured rather than modelled: the job keeps its per-GPU
+    batch ``local_batch``, so on ``gpus`` GPUs its global batch is ``gpus x local_batch``, worth
+    :func:`gain` reference steps of batch ``init_batch_size`` (``M0``)."""
+
+    grad: GradParams
+    local_batch: float
+    init_batch_size: float
+
+    def efficiency(self, gpus: int) -> float:
+        """Reference samples per processed sample on ``gpus`` GPUs (1 at ``M0``, less above it)."""
+        batch = max(gpus, 1) * self.local_batch
+        return gain(self.grad, batch, self.init_batch_size) * self.init_batch_size / batch
+
+
 class GoodputSpeed:
     """A policy speed function ``speed(job, workers, nodes)`` by goodput (samples/s at the reference
     batch, with the best batch for that allocation) for the jobs registered with :meth:`set`;
@@ -220,7 +237,16 @@ class GoodputSpeed:
         self.restart_penalty_s = restart_penalty_s
         self.now_s = 0.0
         self.restarts: dict[str, int] = {}
+        self.reported: dict[str, ReportedEfficiency] = {}
         self._cache: dict[str, dict[tuple[int, int], BatchConfig]] = {}
+
+    def set_reported(self, job_id: str, info: ReportedEfficiency | None) -> None:
+        """Scale an unregistered job's (measured or modelled) throughput by the statistical efficiency
+        its reports give, which makes it a goodput; None forgets it."""
+        if info is None:
+            self.reported.pop(job_id, None)
+        else:
+            self.reported[job_id] = info
 
     def restarted(self, job_id: str) -> None:
         """Count one more restart (resize or resume) of a job, for the restart penalty."""
@@ -235,6 +261,7 @@ class GoodputSpeed:
     def forget(self, job_id: str) -> None:
         """Drop a finished job."""
         self.jobs.pop(job_id, None)
+        self.reported.pop(job_id, None)
         self._cache.pop(job_id, None)
         self.restarts.pop(job_id, None)
 
@@ -255,7 +282,9 @@ class GoodputSpeed:
                 from elastrain.scheduler.throughput import job_speed
 
                 self.fallback = job_speed
-            return self.fallback(job, workers, nodes)
+            value = self.fallback(job, workers, nodes)
+            reported = self.reported.get(job.id)
+            return value * reported.efficiency(workers * job.gpus_per_worker) if reported else value
         value = self.config(job.id, workers * job.gpus_per_worker, nodes).goodput
         delay = self.restart_penalty_s
         if delay > 0 and job.placement and (workers, nodes) != (job.workers, job.nodes):

@@ -8,9 +8,19 @@ from collections.abc import Callable
 from elastrain.errors import ConfigError
 from elastrain.scheduler.api import Policy
 from elastrain.scheduler.elastic import ElasticPolicy
+from elastrain.scheduler.goodput import GoodputSpeed
 from elastrain.scheduler.ranking import GPU_HOUR
 from elastrain.scheduler.static import StaticBackfillPolicy, StaticPolicy
 from elastrain.scheduler.tiresias import TiresiasPolicy
+
+
+def elastic_policy(*, preemptive: bool = True) -> ElasticPolicy:
+    """The ``elastic`` policy as both the simulator (``elastrain simulate --compare elastic``) and the
+    control plane (``elastrain server``, its default) run it: its default ranking and thresholds, and a
+    :class:`~elastrain.scheduler.goodput.GoodputSpeed` as its speed model, which is the step-time
+    model or the measured samples/s (:func:`~elastrain.scheduler.throughput.job_speed`) until a
+    job's reports say more (the control plane registers them; a simulated trace has none)."""
+    return ElasticPolicy(speed=GoodputSpeed(), preemptive=preemptive)
 
 
 class PolicyName(str, enum.Enum):
@@ -25,7 +35,7 @@ class PolicyName(str, enum.Enum):
 POLICIES: dict[str, Callable[[], Policy]] = {
     PolicyName.STATIC.value: StaticPolicy,
     PolicyName.STATIC_BACKFILL.value: StaticBackfillPolicy,
-    PolicyName.ELASTIC.value: ElasticPolicy,
+    PolicyName.ELASTIC.value: elastic_policy,
     PolicyName.TIRESIAS.value: TiresiasPolicy,
 }
 
@@ -40,8 +50,8 @@ def make_policy(
     key = name.value if isinstance(name, PolicyName) else name
     if key == PolicyName.TIRESIAS.value and tiresias_threshold_gpu_h is not None:
         return TiresiasPolicy(thresholds=(tiresias_threshold_gpu_h * GPU_HOUR,))
-    if key == PolicyName.ELASTIC.value and not preemptive:
-        return ElasticPolicy(preemptive=False)
+    if key == PolicyName.ELASTIC.value:
+        return elastic_policy(preemptive=preemptive)
     try:
         return POLICIES[key]()
     except KeyError:

@@ -6,6 +6,7 @@ import json
 
 from elastrain.db.models import Cluster, Framework
 from elastrain.server import schemas
+from elastrain.server.cluster_demand import own_bounds
 from elastrain.server.inventory import parse_gpu_ids
 from elastrain.server.reconciler import aware
 from elastrain.server.validation import format_size
@@ -28,6 +29,7 @@ LAUNCH_HINTS = {
 def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
     """The API view of a cluster row."""
     mounts = json.loads(cluster.mounts or "[]")
+    low, high = own_bounds(cluster)
     return schemas.ClusterOut(
         name=cluster.name,
         owner=cluster.owner.name,
@@ -45,10 +47,11 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         restart_policy=cluster.restart_policy,
         hostfile_generation=cluster.hostfile_generation,
         launch_hint=LAUNCH_HINTS[cluster.framework],
-        min_containers=cluster.min_containers or cluster.desired_containers,
-        max_containers=cluster.max_containers or cluster.desired_containers,
+        min_containers=low,
+        max_containers=high,
         priority=cluster.priority or 0,
         size_reason=cluster.size_reason or "",
+        idle_release_after=cluster.idle_release_after,
         created_at=aware(cluster.created_at) or cluster.created_at,
         containers=[
             schemas.ContainerOut(

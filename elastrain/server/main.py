@@ -335,15 +335,17 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
     from elastrain.db.session import Database
     from elastrain.server import quotas
     from elastrain.server.app import create_app
+    from elastrain.server.idle_release import IdleRelease
     from elastrain.server.jobs import JobService
     from elastrain.server.limits import resolve_max_body_bytes
     from elastrain.server.membership import JobMembership
     from elastrain.server.rate import RateLimiter
     from elastrain.server.reconciler import Reconciler
-    from elastrain.server.scheduling import scheduler_for
+    from elastrain.server.scheduler_step import scheduler_for
     from elastrain.server.services import Services
 
-    print(f"elastrain server: scheduler {settings.scheduler}", flush=True)
+    idle = f"{settings.idle_release_after} s" if settings.idle_release_after else "off"
+    print(f"elastrain server: scheduler {settings.scheduler}; idle release after {idle}", flush=True)
     if verbose:
         logging.getLogger("elastrain").setLevel(logging.INFO)
     if settings.gpus is not None and settings.gpus < 0:
@@ -378,6 +380,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         drain_s=settings.drain_seconds,
         scheduler=scheduler_for(settings.scheduler),
         membership=membership,
+        idle=IdleRelease(settings.idle_release_after, elastic=settings.scheduler != "static"),
     )
     limits = quotas.Limits(settings.quota_clusters, settings.quota_containers, settings.quota_gpus)
     services = Services(

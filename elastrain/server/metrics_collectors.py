@@ -37,7 +37,8 @@ from elastrain.db.repository import all_clusters
 from elastrain.db.session import Database
 from elastrain.rendezvous.api import Cause
 from elastrain.server.inventory import Inventory
-from elastrain.server.scheduling import DECISION_KINDS, ClusterScheduler
+from elastrain.server.scheduler_step import ClusterScheduler
+from elastrain.server.scheduling import DECISION_KINDS
 from elastrain.server.usage_service import ClusterRow, UsageService
 
 RECENT_JOB_S = 900.0

@@ -153,6 +153,8 @@ def _plan_cluster(
                 Decision(Action.set_cluster_state, cluster.name, state=ClusterState.Pending, reason=reason)
             ]
         return []
+    if not cluster.admitted and cluster.desired_containers == 0:
+        return _preempted(cluster)
     out: list[Decision] = []
     live: dict[str, ContainerView] = {}  # rows that stay Pending/Running after this pass
     running: set[str] = set()
@@ -208,6 +210,16 @@ def _plan_cluster(
         and status.waiting_reason
     ]  # why Pending containers wait, where the backend says (Kubernetes: the scheduler's reason)
     out += _scale(cluster, live, running, pool, inventory, named_hosts, waiting[:1])
+    return out
+
+
+def _preempted(cluster: ClusterView) -> list[Decision]:
+    """A preempted cluster gives back every container at once (its job stops) and waits Pending."""
+    reason = cluster.size_reason or "preempted by the scheduler"
+    out = [Decision(Action.remove, cluster.name, k.name, reason=reason) for k in cluster.containers]
+    if cluster.state != ClusterState.Pending or cluster.reason != reason:
+        pending = ClusterState.Pending
+        out.append(Decision(Action.set_cluster_state, cluster.name, state=pending, reason=reason))
     return out
 
 
@@ -288,8 +300,9 @@ def _scale(
         pool.addresses.add(address)
         out.append(Decision(Action.add, cluster.name, name, role=role, address=address, gpu_ids=gpu_ids))
     out += _hostfile(cluster, live, running)
-    up = any(live[n].role == ContainerRole.launcher for n in running) and any(
-        live[n].role == ContainerRole.worker for n in running
+    # a cluster whose workers were released (desired: the launcher alone) is up with its launcher
+    up = any(live[n].role == ContainerRole.launcher for n in running) and (
+        want_workers <= 0 or any(live[n].role == ContainerRole.worker for n in running)
     )
     state = ClusterState.Running if up else ClusterState.Pending
     if not reason and not up:

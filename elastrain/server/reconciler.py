@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from elastrain.backends.api import Backend, ContainerSpec, Mount
@@ -29,6 +29,7 @@ from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
 from elastrain.hostfile import Hostfile, render_hostfile
 from elastrain.server.hostfile_sync import HostfileSync, hostfile_text
+from elastrain.server.idle_release import IdleRelease
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.membership import JobHosts, JobMembership
 from elastrain.server.metrics_stats import ReconcileStats
@@ -43,7 +44,7 @@ from elastrain.server.policy import (
 )
 from elastrain.server.reconcile_errors import StepFailures
 from elastrain.server.reconcile_isolation import STEP_DEADLINE_S, ClusterSteps, with_degraded
-from elastrain.server.scheduling import ClusterScheduler
+from elastrain.server.scheduler_step import ClusterScheduler
 from elastrain.server.validation import check_mount_unchanged
 
 log = logging.getLogger("elastrain.reconciler")
@@ -135,9 +136,11 @@ class Reconciler:
         scheduler: ClusterScheduler | None = None,
         membership: JobMembership | None = None,
         step_deadline_s: float = STEP_DEADLINE_S,
+        idle: IdleRelease | None = None,
     ) -> None:
         """``scheduler`` (None: ``static``, the requested sizes; see `scheduling.scheduler_for`) sets
-        desired sizes and admissions before each pass. A scaled-down container is removed when
+        desired sizes and admissions before each pass; ``idle`` releases idle clusters' workers. A
+        scaled-down container is removed when
         the running jobs' reported memberships (`membership`) no longer list it, at most ``drain_s``
         after it left the hostfile. Each cluster's steps of a pass run with `step_deadline_s` (see
         `reconcile_isolation`)."""
@@ -155,6 +158,7 @@ class Reconciler:
         self._busy_since: float | None = None  # when the current run of busy passes began
         self.hooks: list[Callable[[], int]] = []  # run after each pass (e.g. the job monitor)
         self.scheduler = scheduler
+        self.idle = idle  # releases idle clusters' workers (None: never)
         self.failures = StepFailures(db, ACTOR)
         self.stats = ReconcileStats()  # pass durations and failures, for /metrics
         self.steps = ClusterSteps(step_deadline_s, wake=self.wake)
@@ -205,6 +209,7 @@ class Reconciler:
             return self._pass()
 
     def _pass(self) -> int:
+        released = self.idle.run(self.db, utcnow()) if self.idle is not None else 0
         if self.scheduler is not None:
             scheduled = self.scheduler.run(self.db, self.inventory.gpus)
         else:
@@ -241,7 +246,7 @@ class Reconciler:
                 self.stats.failed("hook")
                 self.failures.report("", "", getattr(hook, "__qualname__", "hook"), exc, record=False)
         self.passes += 1
-        return applied + scheduled
+        return applied + scheduled + released
 
     def _steps_of(self, group: list[Decision], uid: str) -> Callable[[], int]:
         """Apply one cluster's decisions in order; the first that fails leaves the rest to the next pass.
@@ -274,6 +279,11 @@ class Reconciler:
         with self.db.session() as session:
             result = session.execute(
                 update(Cluster).where(Cluster.admitted.is_(False)).values(admitted=True, size_reason="")
+            )
+            session.execute(  # preempted by an elastic scheduler: back at the size last asked for
+                update(Cluster)
+                .where(Cluster.desired_containers == 0)
+                .values(desired_containers=func.coalesce(Cluster.requested_containers, 2))
             )
             return int(getattr(result, "rowcount", 0) or 0)
 

@@ -262,13 +262,20 @@ class ClusterCreate(Body):
     restart_policy: RestartPolicyName = RestartPolicy.Always
     min_containers: MinContainers | None = Field(
         default=None,
-        description="elastic lower bound incl. the launcher (default: containers); above containers: "
-        "refused (422)",
+        description="elastic lower bound incl. the launcher (default: 2; the elastic scheduler never "
+        "shrinks it below); above containers: refused (422)",
     )
     max_containers: MaxContainers | None = Field(
         default=None,
         description="elastic upper bound incl. the launcher (default: containers); "
         "min_containers <= containers <= max_containers, else refused (422)",
+    )
+    idle_release_after: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="seconds without a running job after which the workers are released (the launcher "
+        "stays); 0: never; null: the server's --idle-release-after",
     )
     priority: int = Field(
         default=0, ge=-1_000_000, le=1_000_000, description="higher is scheduled first and shrunk last"
@@ -329,6 +336,9 @@ class ClusterOut(BaseModel):
     max_containers: int = Field(default=0, description="elastic upper bound (launcher included)")
     priority: int = 0
     size_reason: str = Field(default="", description="why the cluster has its current size")
+    idle_release_after: int | None = Field(
+        default=None, description="seconds without a job before its workers go (null: the server's)"
+    )
     created_at: UtcDatetime
     containers: list[ContainerOut]
 

@@ -42,6 +42,7 @@ from elastrain.server.errors import ApiError, Conflict, Forbidden, NotFound, che
 from elastrain.server.exec_service import ExecService
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import Reconciler
+from elastrain.server.scheduling import fold_service
 from elastrain.server.validation import check_containers, check_name, parse_mount, server_state
 
 LOG_READ_DEADLINE_S = 30.0  # `podman logs` of a log of hundreds of MiB, kept to its tail
@@ -163,6 +164,9 @@ class Services:
                 min_containers=low if elastic else None,
                 max_containers=high if elastic else None,
                 priority=req.priority,
+                requested_containers=req.containers,
+                idle_release_after=req.idle_release_after,
+                active_at=utcnow(),
                 # with a scheduler, a cluster with GPUs waits for its admission
                 admitted=self.reconciler.scheduler is None or req.gpus_per_container == 0,
                 size_reason="" if self.reconciler.scheduler is None else "queued for the scheduler",
@@ -204,7 +208,10 @@ class Services:
                     )
             quotas.check_scale(session, user, cluster, containers, self.quota_defaults)
             before = cluster.desired_containers
-            cluster.desired_containers = containers
+            now = utcnow()
+            fold_service(cluster, now)  # the elastic scheduler's attained service, up to the change
+            cluster.desired_containers = cluster.requested_containers = containers
+            cluster.idle_released, cluster.active_at = False, now  # released workers come back
             cluster.size_reason = f"scaled by {user.name}"
             add_event(
                 session, user.name, EventAction.cluster_scaled, name, user.id, before=before, after=containers

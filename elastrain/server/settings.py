@@ -8,6 +8,7 @@ Every setting has a flag, an environment variable and a key of the settings file
     --allow-mount               ELASTRAIN_ALLOW_MOUNT (DIR:DIR...)
     --drain-seconds             ELASTRAIN_DRAIN_SECONDS        --max-body-bytes   ELASTRAIN_MAX_BODY_BYTES
     --reconcile-interval        ELASTRAIN_RECONCILE_INTERVAL   --scheduler        ELASTRAIN_SCHEDULER
+    --idle-release-after        ELASTRAIN_IDLE_RELEASE_AFTER (seconds; 0: never)
     --insecure-host-commands    ELASTRAIN_INSECURE_HOST_COMMANDS (1/true/yes; the old names
                                 --insecure-process-backend / ELASTRAIN_INSECURE_PROCESS_BACKEND work too)
     --quota-clusters            ELASTRAIN_QUOTA_CLUSTERS       --quota-containers ELASTRAIN_QUOTA_CONTAINERS
@@ -78,6 +79,7 @@ NAMES: dict[str, tuple[str, str]] = {
     "max_body_bytes": ("--max-body-bytes", "ELASTRAIN_MAX_BODY_BYTES"),
     "reconcile_interval": ("--reconcile-interval", "ELASTRAIN_RECONCILE_INTERVAL"),
     "scheduler": ("--scheduler", "ELASTRAIN_SCHEDULER"),
+    "idle_release_after": ("--idle-release-after", "ELASTRAIN_IDLE_RELEASE_AFTER"),
     "insecure_host_commands": ("--insecure-host-commands", "ELASTRAIN_INSECURE_HOST_COMMANDS"),
     "quota_clusters": ("--quota-clusters", "ELASTRAIN_QUOTA_CLUSTERS"),
     "quota_containers": ("--quota-containers", "ELASTRAIN_QUOTA_CONTAINERS"),
@@ -130,7 +132,8 @@ class ServerSettings(BaseSettings):
     drain_seconds: float = Field(30.0, validation_alias=_env("drain_seconds"))
     max_body_bytes: int | None = Field(None, validation_alias=_env("max_body_bytes"))
     reconcile_interval: float = Field(0.5, validation_alias=_env("reconcile_interval"))
-    scheduler: Literal["static", "elastic"] = Field("static", validation_alias=_env("scheduler"))
+    scheduler: Literal["static", "elastic"] = Field("elastic", validation_alias=_env("scheduler"))
+    idle_release_after: int = Field(600, ge=0, validation_alias=_env("idle_release_after"))
     insecure_host_commands: bool = Field(
         False,
         validation_alias=AliasChoices(_env("insecure_host_commands"), OLD_NAMES["insecure_host_commands"][1]),

@@ -1,5 +1,6 @@
-"""The elastic scheduler in a real server (`--gpus 4 --scheduler elastic`): a cluster grows into idle
-GPUs, shrinks to admit a newcomer, a third waits Pending with a reason; a real elastic job follows."""
+"""The elastic scheduler in a real server (`--gpus 4`, no scheduler flag: elastic is the default): a
+cluster starts grown into idle GPUs, shrinks to admit a newcomer, a third waits Pending with a reason;
+a real elastic job's range lets its cluster grow, and it follows; an idle cluster releases its workers."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ SAMPLES = 10000  # MNIST-1D training set
 
 @pytest.fixture
 def elastic_cp(tmp_path: Path) -> Iterator[ControlPlane]:
-    """A server of its own with 4 virtual GPUs and the elastic scheduler; stopped by PID at the end."""
-    plane = ControlPlane(tmp_path, gpus=4, extra_args=("--scheduler", "elastic"))
+    """A server of its own with 4 virtual GPUs and the default (elastic) scheduler; stopped by PID."""
+    plane = ControlPlane(tmp_path, gpus=4)
     plane.start()
     try:
         yield plane
@@ -48,7 +49,7 @@ def test_grow_into_idle_gpus_then_shrink_for_a_newcomer(elastic_cp: ControlPlane
     with cp.client() as c:
         t0 = time.monotonic()
         out = cp.cli(
-            "cluster", "create", "a", "--containers", "2", "--min-containers", "2",
+            "cluster", "create", "a", "--containers", "4", "--min-containers", "2",
             "--max-containers", "4", "--gpus-per-container", "1",
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
@@ -64,12 +65,13 @@ def test_grow_into_idle_gpus_then_shrink_for_a_newcomer(elastic_cp: ControlPlane
         b = c.wait_cluster("b", at_size(c, "b", 2), timeout=60)
         a = c.wait_cluster("a", at_size(c, "a", 2), timeout=60)
         shrunk_s = time.monotonic() - t1
-        assert a.size_reason == "shrunk for cluster b" and len(b.running("worker")) == 1
+        shrunk = "shrunk for cluster b (priority 0)"
+        assert a.size_reason == shrunk and len(b.running("worker")) == 1
         last = scheduler_events(c, "a")[-1]
-        assert (last["before"], last["after"], last["reason"]) == (4, 2, "shrunk for cluster b")
+        assert (last["before"], last["after"], last["reason"]) == (4, 2, shrunk)
         shown = json.loads(cp.cli("cluster", "get", "a", "-o", "json").stdout)
-        assert (shown["desired_containers"], shown["size_reason"]) == (2, "shrunk for cluster b")
-        assert "shrunk for cluster b" in cp.cli("cluster", "get", "a").stdout
+        assert (shown["desired_containers"], shown["size_reason"]) == (2, shrunk)
+        assert shrunk in cp.cli("cluster", "get", "a").stdout
 
         c.create_cluster("c", containers=2, gpus_per_container=1)  # A is at its minimum: C waits
         waiting = c.wait_cluster("c", lambda k: k.reason.startswith("waiting for 2 GPUs"), timeout=30)
@@ -80,10 +82,10 @@ def test_grow_into_idle_gpus_then_shrink_for_a_newcomer(elastic_cp: ControlPlane
         c.delete_cluster("b")  # C takes B's GPUs
         c.wait_deleted("b", timeout=60)
         c.wait_cluster("c", at_size(c, "c", 2), timeout=60)
-        c.delete_cluster("c")  # A grows back into the idle GPUs
+        c.delete_cluster("c")  # A runs no job: it does not take the idle GPUs back
         c.wait_deleted("c", timeout=60)
-        a = c.wait_cluster("a", at_size(c, "a", 4), timeout=60)
-        assert "grown into 2 idle GPUs" in a.size_reason
+        time.sleep(1.0)
+        assert c.get_cluster("a").desired_containers == 2
         print(f"\nA grew to 4 containers in {grown_s:.1f} s; shrank to 2 for B in {shrunk_s:.1f} s")
 
 
@@ -117,10 +119,11 @@ def test_elastic_job_follows_the_scheduler_without_losing_a_sample(elastic_cp: C
         c.create_cluster(
             "a", containers=2, min_containers=2, max_containers=4, gpus_per_container=1, mounts=mounts
         )
-        c.wait_cluster("a", at_size(c, "a", 4), timeout=60)
+        c.wait_cluster("a", at_size(c, "a", 2), timeout=60)  # idle: the size asked for
         run = "elastrain run -v --min-np 1 --max-np 4 --hostfile /etc/mpi/hostfile --join-grace 1"
         train = "python /examples/mnist_elastic.py --epochs 2 --batch-size 256 --step-sleep 0.05"
         job = c.submit_job("a", f"{run} --ledger /ledger/run {train}".split())
+        c.wait_cluster("a", at_size(c, "a", 4), timeout=60)  # its job can use 4: grown into them
 
         world = job_world(c, job["id"])
         wait_until(world(4), 90, "the job to train with 4 workers")
@@ -147,3 +150,32 @@ def test_elastic_job_follows_the_scheduler_without_losing_a_sample(elastic_cp: C
         assert (epoch["samples"], epoch["duplicates"], epoch["missing"]) == (SAMPLES, 0, 0), epoch
     sizes = [g.get("world_size", g.get("workers")) for g in report["generations"]]
     assert 4 in sizes and sizes[-1] == 2, report["generations"]
+
+
+def test_an_idle_cluster_releases_its_workers_and_a_scale_brings_them_back(tmp_path: Path) -> None:
+    plane = ControlPlane(tmp_path, gpus=4, extra_args=("--idle-release-after", "2"))
+    plane.start()
+    try:
+        with plane.client() as c:
+            out = plane.cli(
+                "cluster", "create", "a", "--containers", "3", "--gpus-per-container", "1",
+                "--idle-release-after", "1",
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            assert c.get_cluster("a").raw["idle_release_after"] == 1
+            a = c.wait_cluster(
+                "a", lambda k: k.desired_containers == 1 and len(k.containers) == 1, timeout=60
+            )
+            assert a.size_reason == "idle for 1 s: workers released" and a.state == "Running"
+            assert [k.role for k in a.containers] == ["launcher"]
+            released = [e for e in c.events("a") if e["action"] == "cluster.idle_released"]
+            assert released and "the launcher keeps its 1 GPU(s)" in released[0]["detail"]["reason"]
+            before = sum(e["action"] == "container.created" for e in c.events("a"))
+            assert c.scale_cluster("a", 3).desired_containers == 3  # the workers come back (for 1 s)
+            wait_until(
+                lambda: sum(e["action"] == "container.created" for e in c.events("a")) >= before + 2,
+                60,
+                "two workers to be created again after the scale",
+            )
+    finally:
+        plane.cleanup()

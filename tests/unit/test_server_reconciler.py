@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,12 +10,12 @@ import pytest
 from sqlalchemy import select
 
 from elastrain.backends.fake import FakeBackend
-from elastrain.db.models import Cluster, ClusterState, ContainerState, Framework, User
+from elastrain.db.models import Cluster, ClusterState, ContainerState, Framework, Job, JobStatus, User
 from elastrain.db.repository import all_clusters, events_for
 from elastrain.db.session import Database
 from elastrain.server.inventory import Inventory
 from elastrain.server.reconciler import Reconciler
-from elastrain.server.scheduling import ClusterScheduler
+from elastrain.server.scheduler_step import ClusterScheduler
 from elastrain.testing.reconcile import alice_cluster_db, clusters, settle
 
 
@@ -80,6 +81,19 @@ def _elastic(db: Database, name: str, desired: int, low: int, high: int) -> None
         session.add(cluster)
 
 
+def _running_job(db: Database, cluster: str, command: str) -> None:
+    with db.session() as session:
+        row = next(c for c in all_clusters(session) if c.name == cluster)
+        session.add(
+            Job(
+                cluster_id=row.id,
+                owner_id=row.owner_id,
+                command=json.dumps(command.split()),
+                status=JobStatus.Running,
+            )
+        )
+
+
 def test_elastic_scheduler_grows_then_shrinks_for_a_newcomer(db: Database) -> None:
     with db.session() as session:
         session.delete(all_clusters(session)[0])
@@ -88,18 +102,23 @@ def test_elastic_scheduler_grows_then_shrinks_for_a_newcomer(db: Database) -> No
     r = Reconciler(db, backend, Inventory(4, False), drain_s=0, scheduler=ClusterScheduler("elastic"))
     settle(r)
     (a,) = clusters(db)
-    assert (a.desired_containers, a.admitted, len(a.containers)) == (4, True, 4)
+    assert (a.desired_containers, a.admitted, len(a.containers)) == (2, True, 2)  # idle: never grows
+    _running_job(db, "a", "elastrain run --min-np 2 --max-np 4 python train.py")
+    settle(r)
+    (a,) = clusters(db)
+    assert (a.desired_containers, len(a.containers)) == (4, 4)  # its job can use 4: grown into them
     assert "grown into 2 idle GPUs" in a.size_reason
     _elastic(db, "b", 2, 2, 2)
     settle(r)
     a, b = clusters(db)
-    assert (a.desired_containers, a.size_reason, len(a.containers)) == (2, "shrunk for cluster b", 2)
+    shrunk = "shrunk for cluster b (priority 0)"
+    assert (a.desired_containers, a.size_reason, len(a.containers)) == (2, shrunk, 2)
     assert b.state == ClusterState.Running and len(b.containers) == 2
     used = [g for c in (a, b) for k in c.containers for g in k.gpu_ids.split(",")]
     assert sorted(used) == ["0", "1", "2", "3"]  # no GPU double-booked
     with db.session() as session:
         actions = [e.action for e in events_for(session, "a") if e.actor == "scheduler"]
-    assert actions == ["cluster.admitted", "cluster.rescheduled"]
+    assert actions == ["cluster.admitted", "cluster.rescheduled", "cluster.rescheduled"]
 
 
 def test_without_a_scheduler_queued_clusters_are_admitted(db: Database) -> None:

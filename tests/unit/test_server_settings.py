@@ -54,7 +54,8 @@ def test_defaults_without_flags_env_or_file() -> None:
         None,
         [],
     )
-    assert (s.drain_seconds, s.reconcile_interval, s.scheduler) == (30.0, 0.5, "static")
+    assert (s.drain_seconds, s.reconcile_interval, s.scheduler) == (30.0, 0.5, "elastic")
+    assert s.idle_release_after == 600
     assert s.insecure_host_commands is False and s.data_dir == Path("~/.elastrain").expanduser()
 
 
@@ -80,7 +81,8 @@ def test_env_names_and_lists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setenv("ELASTRAIN_ALLOW_MOUNT", f"{tmp_path}:{tmp_path / 'b'}")
     monkeypatch.setenv("ELASTRAIN_INSECURE_HOST_COMMANDS", "1")
     monkeypatch.setenv("ELASTRAIN_SERVER_BACKEND", "process")
-    monkeypatch.setenv("ELASTRAIN_SCHEDULER", "elastic")
+    monkeypatch.setenv("ELASTRAIN_SCHEDULER", "static")  # the default is elastic
+    monkeypatch.setenv("ELASTRAIN_IDLE_RELEASE_AFTER", "90")
     monkeypatch.setenv("ELASTRAIN_BACKEND", "gloo")  # a worker's variable: not the server's backend
     monkeypatch.setenv("ELASTRAIN_HOST", "10.0.0.9")  # likewise a worker's
     s = load_settings(server_args())
@@ -88,9 +90,10 @@ def test_env_names_and_lists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert (s.backend, s.insecure_host_commands, s.scheduler, s.host) == (
         "process",
         True,
-        "elastic",
+        "static",
         "127.0.0.1",
     )
+    assert s.idle_release_after == 90
     s = load_settings(server_args("--allow-mount", "/x", "--backend", "container"))
     assert s.allow_mount == [Path("/x")] and s.backend == "container"
 
@@ -101,7 +104,7 @@ def test_settings_are_one_object() -> None:
         9001,
         True,
         "127.0.0.1",
-        "static",
+        "elastic",
     )
 
 

@@ -1,12 +1,12 @@
 "use strict";
 /* Create-cluster form: the server validates; a 422 names every bad field (problem details `errors`),
    and each message is shown next to its field, all at once. */
-const FIELDS = ["framework", "name", "containers", "image", "gpus", "gpu-type", "shm", "mounts"];
+const FIELDS = ["framework", "name", "containers", "image", "gpus", "gpu-type", "idle-release", "shm", "mounts"];
 /** The form field of a request field (`loc` "body.NAME" or "body.NAME.INDEX"). */
 const FIELD_OF = {
   name: "name", framework: "framework", containers: "containers", min_containers: "containers",
   max_containers: "containers", image: "image", gpus_per_container: "gpus", gpu_type: "gpu-type", shm: "shm",
-  mounts: "mounts",
+  mounts: "mounts", idle_release_after: "idle-release",
 };
 
 /** The form field a problem's `loc` is about (null: not on the form). */
@@ -71,6 +71,7 @@ document.addEventListener("DOMContentLoaded", () => {
   function sync() {
     $("gpus").disabled = !gpuOn.checked;
     $("gpu-type").disabled = !gpuOn.checked;
+    $("idle-release").disabled = !gpuOn.checked;
     $("shm").disabled = !shmOn.checked;
   }
   gpuOn.addEventListener("change", sync);
@@ -139,6 +140,7 @@ document.addEventListener("DOMContentLoaded", () => {
       image: $("image").value,
       gpus_per_container: gpuOn.checked ? intOrNull($("gpus").value) : 0,
       gpu_type: gpuOn.checked && $("gpu-type").value ? $("gpu-type").value : null,
+      idle_release_after: gpuOn.checked ? intOrNull($("idle-release").value) : null,
       shm: shmOn.checked ? $("shm").value.trim() : "64Mi",
       mounts: source ? [source + ":" + (target || "/data")] : [],
     };

@@ -2,7 +2,7 @@
 tokens derive from, and its restart counts and budgets (platform failures apart from the user's exit codes)
 
 Revision ID: 0013
-Revises: 0007
+Revises: 0010
 """
 
 from collections.abc import Sequence
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0013"
-down_revision: str | Sequence[str] | None = "0007"
+down_revision: str | Sequence[str] | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
