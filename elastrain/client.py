@@ -83,6 +83,7 @@ class ClusterInfo:
     max_containers: int = 0
     priority: int = 0
     size_reason: str = ""
+    gpu_type: str | None = None  # the GPU model its containers get (None: any)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -109,6 +110,7 @@ class ClusterInfo:
             max_containers=data.get("max_containers", 0),
             priority=data.get("priority", 0),
             size_reason=data.get("size_reason", ""),
+            gpu_type=data.get("gpu_type"),
             raw=data,
         )
 
@@ -137,6 +139,7 @@ class ClusterInfo:
             "max_containers": self.max_containers,
             "priority": self.priority,
             "size_reason": self.size_reason,
+            "gpu_type": self.gpu_type,
             "hostfile_generation": self.hostfile_generation,
             "launch_hint": self.raw.get("launch_hint", ""),
         }

@@ -286,6 +286,8 @@ def _get(client: Client, args: argparse.Namespace) -> int:
             f"{cluster.max_containers}, priority {cluster.priority})"
             f"{': ' + cluster.size_reason if cluster.size_reason else ''}"
         )
+    if cluster.gpu_type:
+        print(f"gpu type: {cluster.gpu_type}")
     rows = [["NAME", "ROLE", "ADDRESS", "GPUS", "STATE", "STARTED"]]
     for c in cluster.containers:
         gpus = f"{c.gpus} ({','.join(map(str, c.gpu_ids))})" if c.gpu_ids else str(c.gpus)

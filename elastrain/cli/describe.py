@@ -39,7 +39,7 @@ def _spec_lines(cluster: ClusterInfo) -> list[str]:
         ("Size reason", cluster.size_reason or "-"),
         ("Priority", cluster.priority),
         ("GPUs/container", cluster.gpus_per_container),
-        ("GPU type", raw.get("gpu_type") or "any"),
+        ("GPU type", cluster.gpu_type or "any"),
         ("Shared memory", cluster.shm or "-"),
         ("Memory", raw.get("memory") or "no limit"),
         ("CPUs", raw.get("cpus") or "no limit"),

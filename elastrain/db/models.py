@@ -222,6 +222,8 @@ class Cluster(Base):
     # migration 0004: per-container limits (0: none)
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     cpus: Mapped[float] = mapped_column(Float, default=0.0)
+    # migration 0009: the GPU model its containers need (None: any), as the node's inventory names it
+    gpu_type: Mapped[str | None] = mapped_column(String(128), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     containers: Mapped[list[Container]] = relationship(
         back_populates="cluster", cascade="all, delete-orphan", order_by="Container.id"

@@ -49,6 +49,7 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         max_containers=cluster.max_containers or cluster.desired_containers,
         priority=cluster.priority or 0,
         size_reason=cluster.size_reason or "",
+        gpu_type=cluster.gpu_type,
         created_at=aware(cluster.created_at) or cluster.created_at,
         containers=[
             schemas.ContainerOut(

@@ -87,6 +87,7 @@ def cluster_view(cluster: Cluster, jobs: tuple[JobHosts, ...] = ()) -> ClusterVi
         size_reason=cluster.size_reason,
         jobs=jobs,
         next_index=cluster.next_index or 0,
+        gpu_type=cluster.gpu_type,
     )
 
 

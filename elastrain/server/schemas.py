@@ -267,8 +267,8 @@ class ClusterCreate(Body):
     gpu_type: Annotated[SafeText, StringConstraints(max_length=128)] | None = Field(
         default=None,
         description="the GPU model the containers need, one of the node's (`gpu_model` of GET "
-        "/api/v1/inventory, e.g. 'NVIDIA H200'; case aside); null: any. Refused (422) when the node has "
-        "no GPU of that model",
+        "/api/v1/inventory, e.g. 'NVIDIA H200'; case aside); null: any. Refused (409) when the node has "
+        "no GPU of that model, too few, or too few free; the containers get GPUs of that model only",
         examples=[None],
     )
 
@@ -319,6 +319,9 @@ class ClusterOut(BaseModel):
     max_containers: int = Field(default=0, description="elastic upper bound (launcher included)")
     priority: int = 0
     size_reason: str = Field(default="", description="why the cluster has its current size")
+    gpu_type: str | None = Field(
+        default=None, description="the GPU model its containers get (as the node names it); null: any"
+    )
     created_at: UtcDatetime
     containers: list[ContainerOut]
 

@@ -102,7 +102,8 @@ class ServerSettings(BaseSettings):
     port: int = Field(8080, validation_alias=_env("port"))
     data_dir: Path = Field(DEFAULT_DATA_DIR, validation_alias=_env("data_dir"))
     db: str | None = Field(None, validation_alias=_env("db"))
-    gpus: int | None = Field(None, validation_alias=_env("gpus"))
+    # N virtual GPUs, or a spec naming their models (`elastrain.server.inventory.parse_gpu_spec`)
+    gpus: int | str | None = Field(None, validation_alias=_env("gpus"))
     backend: Literal["container", "process", "local", "slurm", "kubernetes"] | None = Field(
         None, validation_alias=_env("backend")
     )
@@ -131,6 +132,14 @@ class ServerSettings(BaseSettings):
     metrics_token: str | None = Field(
         None, min_length=16, pattern=r"^[\x21-\x7e]+$", validation_alias=_env("metrics_token")
     )
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpu_count(cls, value: object) -> object:
+        """``8`` is a count; ``A100:2,V100:2`` stays a spec (checked when the inventory is made)."""
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        return value
 
     @field_validator("allow_mount", mode="before")
     @classmethod
