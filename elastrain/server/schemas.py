@@ -26,6 +26,7 @@ from elastrain.db.models import (
     Framework,
     RestartPolicy,
 )
+from elastrain.server.event_text import event_sentence
 from elastrain.server.fields import (
     MAX_DB_INT,  # re-exported: app.py
     MAX_EPOCH_S,
@@ -314,7 +315,15 @@ class ClusterOut(BaseModel):
     mounts: list[str]
     restart_policy: RestartPolicy
     hostfile_generation: int
-    launch_hint: str = Field(description="how to start training from the launcher container")
+    launch_hint: str = Field(
+        description="how to start training from the launcher container with the framework's own launcher; "
+        "its worker count is the first job's (`-np N`, or `--min-np A --max-np B` within the bounds)"
+    )
+    first_job: str = Field(
+        default="",
+        description="the first job to submit (the portal's job box): `elastrain run` of the shipped "
+        "example over the hostfile, with the cluster's worker count or range",
+    )
     min_containers: int = Field(default=0, description="elastic lower bound (launcher included)")
     max_containers: int = Field(default=0, description="elastic upper bound (launcher included)")
     priority: int = 0
@@ -364,6 +373,12 @@ class EventOut(BaseModel):
         description="the action's particulars (`job`: the job id of a job event); in a `job.incident`, "
         "`fault_at`, `detected_at`, `formed_at` and `first_step_at` are RFC 3339 UTC timestamps"
     )
+    text: str = Field(
+        default="",
+        description="the event as an English sentence, for people (the portal and the CLI show it); "
+        "scripts read `action` and `detail`",
+        examples=["The scheduler grew it from 2 to 4 containers: grown into 2 idle GPUs."],
+    )
 
     @classmethod
     def stored(
@@ -385,6 +400,8 @@ class EventOut(BaseModel):
         action, detail = data.get("action"), data.get("detail")
         if not isinstance(detail, dict):
             return data
+        if isinstance(action, str) and not data.get("text"):
+            data = {**data, "text": event_sentence(action, detail)}
         if isinstance(action, str) and action not in _ACTIONS:
             return {**data, "action": EventAction.unknown, "detail": {**detail, "action": action}}
         if action == EventAction.job_incident:
