@@ -78,7 +78,8 @@ def _incident(d: Detail) -> str:
         return f"{job} started with {world} ({generation})."
     what = _CAUSES.get(str(d.get("cause")), f"changed ({d.get('cause')}) to")
     recover = d.get("recover_s")
-    timing = f"noticed in {_seconds(d.get('detect_s'))}"
+    detect = d.get("detect_s")
+    timing = "noticed at once" if detect == 0 else f"noticed in {_seconds(detect)}"
     timing += f", training again after {_seconds(recover)}" if recover is not None else ""
     lost = d.get("steps_lost") or 0
     tail = f", {_n(lost, 'step')} lost" if lost else ", no step lost"
