@@ -111,6 +111,10 @@ class Inventory:
             else sum(1 for g in range(self.gpus) if self.model_of(g) == gpu_type)
         )
 
+    def model_counts(self) -> dict[str, int]:
+        """GPUs per named model."""
+        return {model: self.count(model) for model in self.gpu_models}
+
     def free_ids(self, used: Iterable[int], gpu_type: str | None = None) -> list[int]:
         """GPU ids not in `used` (of model `gpu_type` only, unless None), lowest first."""
         taken = set(used)

@@ -200,7 +200,7 @@ class Reconciler:
 
     def _pass(self) -> int:
         if self.scheduler is not None:
-            scheduled = self.scheduler.run(self.db, self.inventory.gpus)
+            scheduled = self.scheduler.run(self.db, self.inventory.gpus, self.inventory.model_counts())
         else:
             scheduled = self._admit_queued() if self.passes == 0 else 0
         actual = self.backend.list_containers()

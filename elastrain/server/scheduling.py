@@ -20,7 +20,7 @@ import enum
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from sqlalchemy import select
@@ -144,8 +144,9 @@ class ClusterScheduler:
         # reader in another thread never sees the dict change size
         self.decisions: dict[str, int] = dict.fromkeys(DECISION_KINDS, 0)
 
-    def run(self, db: Database, total_gpus: int) -> int:
-        """One scheduling step; returns how many clusters changed size or admission."""
+    def run(self, db: Database, total_gpus: int, model_gpus: Mapping[str, int] | None = None) -> int:
+        """One scheduling step; returns how many clusters changed size or admission. `model_gpus`: the
+        node's GPUs per model, which bound a cluster asking for one (``gpu_type``)."""
         with db.session() as session:
             clusters = {
                 c.name: c
@@ -154,7 +155,7 @@ class ClusterScheduler:
             }
             if not clusters:
                 return 0
-            demands = [cluster_demand(c, _reports(session, c)) for c in clusters.values()]
+            demands = [cluster_demand(c, _reports(session, c), model_gpus) for c in clusters.values()]
             state = build_state(demands, total_gpus, time.time())
             targets = plan_targets(state, self.policy.decide(state))
             written = [_write(session, clusters[t.cluster], t) for t in targets]
@@ -165,11 +166,18 @@ class ClusterScheduler:
 
 
 def cluster_demand(
-    cluster: Cluster, reports: Iterable[tuple[int | None, float | None]] = ()
+    cluster: Cluster,
+    reports: Iterable[tuple[int | None, float | None]] = (),
+    model_gpus: Mapping[str, int] | None = None,
 ) -> ClusterDemand:
-    """A cluster row as a :class:`ClusterDemand` (missing bounds: fixed at the desired count)."""
+    """A cluster row as a :class:`ClusterDemand` (missing bounds: fixed at the desired count). A cluster
+    asking for a GPU model never grows beyond what the node has of it (`model_gpus`): the rest of the
+    node's GPUs are of no use to it. (The policy still sees one pool: a typed cluster admitted while
+    its model's GPUs are held by others waits at the reconciler, saying for which model.)"""
     low = cluster.min_containers or cluster.desired_containers
     high = max(cluster.max_containers or cluster.desired_containers, low)
+    if cluster.gpu_type is not None and model_gpus is not None and cluster.gpus_per_container > 0:
+        high = max(min(high, model_gpus.get(cluster.gpu_type, 0) // cluster.gpus_per_container), low)
     return ClusterDemand(
         name=cluster.name,
         desired=cluster.desired_containers,

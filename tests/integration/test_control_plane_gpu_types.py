@@ -56,3 +56,33 @@ def test_a_typed_cluster_runs_on_its_model_and_a_busy_or_absent_model_is_refused
         other = c.wait_cluster("any", settled(c, "any"), timeout=60)
     assert other.gpu_type is None
     assert sorted(g for k in other.containers for g in k.gpu_ids) == [0, 1]  # what the V100 cluster left
+
+
+def test_the_elastic_scheduler_grows_a_typed_cluster_only_into_its_model(tmp_path: Path) -> None:
+    plane = ControlPlane(tmp_path, gpus="A100:2,V100:2", extra_args=("--scheduler", "elastic"))
+    plane.start()
+    try:
+        bounds = (
+            "--containers",
+            "2",
+            "--min-containers",
+            "2",
+            "--max-containers",
+            "4",
+            "--gpus-per-container",
+            "1",
+        )
+        made = plane.cli("cluster", "create", "a", *bounds, "--gpu-type", "A100")
+        assert made.returncode == 0, made.stderr
+        with plane.client() as c:
+            a = c.wait_cluster("a", settled(c, "a"), timeout=60)
+            made = plane.cli("cluster", "create", "b", *bounds)
+            assert made.returncode == 0, made.stderr
+            b = c.wait_cluster("b", settled(c, "b"), timeout=60)
+            a = c.get_cluster("a")
+        # a never asks for the V100s (it would wait for them forever); b, of any type, gets them
+        assert (a.desired_containers, sorted(g for k in a.containers for g in k.gpu_ids)) == (2, [0, 1])
+        assert (b.desired_containers, sorted(g for k in b.containers for g in k.gpu_ids)) == (2, [2, 3])
+        assert all(k.state == "Running" for k in a.containers + b.containers)
+    finally:
+        plane.cleanup()

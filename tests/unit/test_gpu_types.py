@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from elastrain.db.models import ClusterState, RestartPolicy
+from elastrain.db.models import Cluster, ClusterState, RestartPolicy
 from elastrain.errors import ConfigError
 from elastrain.server.inventory import Inventory, parse_gpu_spec
 from elastrain.server.policy import Action, ClusterView, plan
+from elastrain.server.scheduling import cluster_demand
 from elastrain.testing.app import AppUnderTest, make_app
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -102,3 +103,15 @@ def test_gpu_type_is_stored_answered_and_refused_when_absent_too_few_or_busy(
 
     r = client.patch("/api/v1/clusters/v", json={"containers": 3}, headers=auth)
     assert r.status_code == 409 and "this node has 2 of that model" in r.json()["detail"]
+
+
+def test_the_scheduler_never_grows_a_typed_cluster_beyond_its_models_gpus() -> None:
+    row = Cluster(name="a", desired_containers=2, min_containers=2, max_containers=8, gpus_per_container=1)
+    counts = Inventory.create("A100:3,V100:5").model_counts()
+    assert counts == {"A100": 3, "V100": 5}
+    assert cluster_demand(row, (), counts).max_containers == 8  # any type: the whole node
+    row.gpu_type = "A100"
+    assert (
+        cluster_demand(row, (), counts).min_containers,
+        cluster_demand(row, (), counts).max_containers,
+    ) == (2, 3)
