@@ -442,6 +442,14 @@ class ImageOut(BaseModel):
     )
 
 
+class GpuModelOut(BaseModel):
+    """The node's GPUs of one model."""
+
+    model: str = Field(description="as NVML names it (virtual GPUs: as `--gpus MODEL:N` declares it)")
+    gpus: int
+    free: int = Field(description="not held by any cluster's container now")
+
+
 class InventoryOut(BaseModel):
     """The node's GPU inventory."""
 
@@ -451,6 +459,9 @@ class InventoryOut(BaseModel):
     free: int
     gpu_model: str = Field(
         default="",
-        description="the real GPUs' model as NVML names it (several: joined by ', '); '' for none "
-        "(no GPUs, or virtual ones): the `gpu_type` a cluster may ask for",
+        description="the GPUs' models as NVML names them, or as `--gpus MODEL:N` declares virtual ones "
+        "(several: joined by ', '); '' for none: the `gpu_type` a cluster may ask for",
+    )
+    models: list[GpuModelOut] = Field(
+        default_factory=list, description="each named model with its GPUs and how many are free ([]: none)"
     )

@@ -39,7 +39,7 @@ from elastrain.server.create_checks import check_cluster_create
 from elastrain.server.errors import Conflict, Forbidden, NotFound, checked
 from elastrain.server.exec_service import ExecService
 from elastrain.server.gpu_types import free_of_type
-from elastrain.server.inventory import Inventory
+from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.reconciler import Reconciler
 from elastrain.server.validation import check_containers, check_name, parse_mount, server_state
 
@@ -296,18 +296,25 @@ class Services:
     def inventory_out(self) -> schemas.InventoryOut:
         """GPU inventory and usage."""
         with self.db.session() as session:
-            used = sum(
-                k.gpus
+            held = [
+                (k.gpus, parse_gpu_ids(k.gpu_ids))
                 for c in all_clusters(session)
                 for k in c.containers
                 if k.state != ContainerState.Failed
-            )
+            ]
+        used = sum(n for n, _ in held)
+        taken = [g for _, ids in held for g in ids]
+        models = [
+            schemas.GpuModelOut(model=model, gpus=count, free=len(self.inventory.free_ids(taken, model)))
+            for model, count in self.inventory.model_counts().items()
+        ]
         return schemas.InventoryOut(
             gpus=self.inventory.gpus,
             real=self.inventory.real,
             used=used,
             free=self.inventory.gpus - used,
             gpu_model=self.inventory.gpu_model,
+            models=models,
         )
 
     # --- exec --------------------------------------------------------------------------------------

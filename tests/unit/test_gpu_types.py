@@ -87,6 +87,12 @@ def test_gpu_type_is_stored_answered_and_refused_when_absent_too_few_or_busy(
     assert client.get("/api/v1/clusters/v", headers=auth).json()["gpu_type"] == "V100"
     code, body = create(client, auth, "any")
     assert code == 201 and body["gpu_type"] is None
+    inventory = client.get("/api/v1/inventory", headers=auth).json()
+    assert (inventory["gpu_model"], inventory["gpus"]) == ("A100, V100", 4)
+    assert inventory["models"] == [
+        {"model": "A100", "gpus": 2, "free": 2},
+        {"model": "V100", "gpus": 2, "free": 2},
+    ]
 
     code, body = create(client, auth, "h", gpu_type="H100")
     assert code == 409 and "'H100' is not a GPU model of this node" in body["detail"]

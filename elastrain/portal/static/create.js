@@ -34,7 +34,8 @@ function fieldFor(message) {
 }
 
 /** The default bounds of `containers` (the seed's flow elastic with no edit): min = the containers,
- *  max = twice them, but no more than the node's GPUs hold at `gpus` per container (never below min). */
+ *  max = twice them, but no more than the node's GPUs (of the chosen model) hold at `gpus` per
+ *  container (never below min). */
 function defaultBounds(containers, gpus, totalGpus) {
   const max = gpus > 0 && totalGpus != null ? Math.min(2 * containers, Math.floor(totalGpus / gpus)) : 2 * containers;
   return [containers, Math.max(containers, max)];
@@ -90,19 +91,21 @@ document.addEventListener("DOMContentLoaded", () => {
 
   // Min and max follow the containers (and the GPUs they need) until the user edits them.
   let totalGpus = null; // the node's GPUs, once GET /inventory answered
+  let modelGpus = new Map(); // its GPUs per named model
   const suggested = { "min-containers": null, "max-containers": null };
   function followBounds() {
     const containers = intOrNull($("containers").value);
     if (!Number.isInteger(containers) || containers < 2) return;
     const gpus = gpuOn.checked ? intOrNull($("gpus").value) || 0 : 0;
-    const [low, high] = defaultBounds(containers, gpus, totalGpus);
+    const model = gpuOn.checked ? $("gpu-type").value : "";
+    const [low, high] = defaultBounds(containers, gpus, model ? modelGpus.get(model) ?? totalGpus : totalGpus);
     for (const [id, value] of [["min-containers", low], ["max-containers", high]]) {
       const box = $(id);
       if (suggested[id] === null || box.value === String(suggested[id])) box.value = String(value);
       suggested[id] = value;
     }
   }
-  for (const id of ["containers", "gpus", "gpu-enabled"]) {
+  for (const id of ["containers", "gpus", "gpu-enabled", "gpu-type"]) {
     $(id).addEventListener("input", followBounds);
     $(id).addEventListener("change", followBounds);
   }
@@ -113,11 +116,10 @@ document.addEventListener("DOMContentLoaded", () => {
     totalGpus = inv.gpus;
     followBounds();
     const kind = inv.real ? "GPU (detected)" : "virtual GPU";
-    const free = `${inv.free} of ${inv.gpus} free`;
-    const models = (inv.gpu_model || "").split(", ").filter(Boolean);
+    modelGpus = new Map((inv.models || []).map((m) => [m.model, m.gpus]));
     $("gpu-type").replaceChildren(
-      Portal.el("option", { value: "" }, `any ${kind}: ${free}`),
-      ...models.map((model) => Portal.el("option", { value: model }, `${model}: ${free}`)));
+      Portal.el("option", { value: "" }, `any ${kind}: ${inv.free} of ${inv.gpus} free`),
+      ...(inv.models || []).map((m) => Portal.el("option", { value: m.model }, `${m.model}: ${m.free} of ${m.gpus} free`)));
   }).catch((err) => Portal.showError(err.message));
 
   // The image select: "default image of the framework" (value "") then every image the backend has.
