@@ -84,6 +84,10 @@ def test_create_with_bounds_then_the_job_grows_and_shrinks_for_another_tenant(
         cluster = admin.get("/clusters/grow").json()
         assert (cluster["min_containers"], cluster["max_containers"], cluster["priority"]) == (2, 4, 0)
 
+        # a job starts in a Running launcher (before that the API answers 409 and the form says so)
+        wait_until(
+            lambda: admin.get("/clusters/grow").json()["state"] == "Running", 60, "the cluster Running"
+        )
         box.fill(box.input_value() + " --epochs 400")  # trains long enough to be resized twice
         page.get_by_role("button", name=re.compile(r"^Submit job")).click()
         page.wait_for_url(re.compile(rf"{re.escape(plane.url)}/jobs/\d+$"))
