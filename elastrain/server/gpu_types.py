@@ -2,7 +2,7 @@
 
 A create request naming a GPU model is refused (409) when the node has too few GPUs of it, or when too
 few of them are free for it: not held by another cluster's containers, nor promised to a cluster of
-that model that is still starting. With a scheduler, GPUs another cluster holds above its minimum
+that model that is still starting or queued. With a scheduler, GPUs another cluster holds above its minimum
 count as free: the scheduler shrinks it to admit the new one.
 """
 
@@ -37,7 +37,7 @@ def free_of_type(clusters: Iterable[Cluster], inventory: Inventory, gpu_type: st
         if cluster.state == ClusterState.Terminating and not cluster.containers:
             continue
         held = _held(cluster, inventory, gpu_type)
-        if cluster.gpu_type == gpu_type and cluster.admitted:  # it will hold its floor of this model
+        if cluster.gpu_type == gpu_type:  # started or queued, it will hold its floor of this model
             held = max(held, _floor(cluster, elastic))
         if elastic and cluster.state != ClusterState.Terminating:
             held = min(held, _floor(cluster, elastic))  # the rest the scheduler can take back

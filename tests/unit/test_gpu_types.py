@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from elastrain.db.models import Cluster, ClusterState, RestartPolicy
+from elastrain.db.models import Cluster, ClusterState, Container, ContainerState, RestartPolicy
 from elastrain.errors import ConfigError
+from elastrain.server.gpu_types import free_of_type
 from elastrain.server.inventory import Inventory, parse_gpu_spec
 from elastrain.server.policy import Action, ClusterView, plan
 from elastrain.server.scheduling import cluster_demand
@@ -121,3 +122,18 @@ def test_the_scheduler_never_grows_a_typed_cluster_beyond_its_models_gpus() -> N
         cluster_demand(row, (), counts).min_containers,
         cluster_demand(row, (), counts).max_containers,
     ) == (2, 3)
+
+
+def test_free_gpus_of_a_model_count_what_a_scheduler_can_take_back() -> None:
+    inv = Inventory.create(MIXED)
+    holder = Cluster(name="b", desired_containers=2, min_containers=1, max_containers=2, gpus_per_container=1)
+    holder.state = ClusterState.Running
+    holder.containers = [
+        Container(name=f"b-{i}", gpu_ids=str(i), state=ContainerState.Running) for i in (0, 1)
+    ]  # any type, on both A100s
+    assert free_of_type([holder], inv, "A100", elastic=False) == 0  # static: sizes are fixed
+    assert free_of_type([holder], inv, "A100", elastic=True) == 1  # shrunk to its minimum of 1
+    assert free_of_type([holder], inv, "V100", elastic=False) == 2
+    queued = Cluster(name="q", desired_containers=2, gpus_per_container=1, gpu_type="V100", admitted=False)
+    queued.state = ClusterState.Pending
+    assert free_of_type([holder, queued], inv, "V100", elastic=True) == 0  # promised to the queued one
