@@ -84,6 +84,7 @@ class ClusterInfo:
     priority: int = 0
     size_reason: str = ""
     idle_release_after: int | None = None  # seconds without a job before the workers go (None: server's)
+    gpu_type: str | None = None  # the GPU model its containers get (None: any)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -111,6 +112,7 @@ class ClusterInfo:
             priority=data.get("priority", 0),
             size_reason=data.get("size_reason", ""),
             idle_release_after=data.get("idle_release_after"),
+            gpu_type=data.get("gpu_type"),
             raw=data,
         )
 
@@ -140,6 +142,7 @@ class ClusterInfo:
             "priority": self.priority,
             "size_reason": self.size_reason,
             "idle_release_after": self.idle_release_after,
+            "gpu_type": self.gpu_type,
             "hostfile_generation": self.hostfile_generation,
             "launch_hint": self.raw.get("launch_hint", ""),
         }

@@ -318,8 +318,3 @@ class Nvml:
                 except pynvml.NVMLError:
                     pass
                 self._started = False
-
-
-def gpu_models(snapshot: GpuSnapshot) -> tuple[str, ...]:
-    """The distinct GPU model names of `snapshot`, in device order."""
-    return tuple(dict.fromkeys(g.name for g in snapshot.gpus))

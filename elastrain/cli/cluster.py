@@ -269,7 +269,8 @@ def _create(client: Client, args: argparse.Namespace) -> int:
     print(f"cluster {cluster.name} created: 1 launcher + {workers} worker(s), state {cluster.state}")
     from elastrain.examples import first_job_command  # the portal's job box holds the same command
 
-    first_job = first_job_command(cluster.desired_containers, cluster.gpus_per_container)
+    low = cluster.min_containers or cluster.desired_containers
+    first_job = first_job_command(low, cluster.gpus_per_container, cluster.max_containers or low)
     print(f"next, its first job: elastrain job submit {cluster.name} -- {first_job}")
     return 0
 
@@ -302,6 +303,8 @@ def _get(client: Client, args: argparse.Namespace) -> int:
             f"{cluster.max_containers}, priority {cluster.priority})"
             f"{': ' + cluster.size_reason if cluster.size_reason else ''}"
         )
+    if cluster.gpu_type:
+        print(f"gpu type: {cluster.gpu_type}")
     rows = [["NAME", "ROLE", "ADDRESS", "GPUS", "STATE", "STARTED"]]
     for c in cluster.containers:
         gpus = f"{c.gpus} ({','.join(map(str, c.gpu_ids))})" if c.gpu_ids else str(c.gpus)
@@ -371,9 +374,10 @@ def _exec(client: Client, args: argparse.Namespace) -> int:
 
 
 def _events(client: Client, args: argparse.Namespace) -> int:
+    from elastrain.server.event_text import event_text
+
     for event in client.events(args.name):
-        detail = " ".join(f"{k}={v}" for k, v in event["detail"].items())
-        print(f"{event['at'][:19].replace('T', ' ')}  {event['actor']:<10}  {event['action']:<26}  {detail}")
+        print(f"{event['at'][:19].replace('T', ' ')}  {event['actor']:<13}  {event_text(event)}")
     return 0
 
 

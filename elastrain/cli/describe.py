@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from elastrain.cli.table import format_table
+from elastrain.server.event_text import event_text
 
 if TYPE_CHECKING:
     from elastrain.client import Client, ClusterInfo
@@ -39,7 +40,7 @@ def _spec_lines(cluster: ClusterInfo) -> list[str]:
         ("Size reason", cluster.size_reason or "-"),
         ("Priority", cluster.priority),
         ("GPUs/container", cluster.gpus_per_container),
-        ("GPU type", raw.get("gpu_type") or "any"),
+        ("GPU type", cluster.gpu_type or "any"),
         ("Shared memory", cluster.shm or "-"),
         ("Memory", raw.get("memory") or "no limit"),
         ("CPUs", raw.get("cpus") or "no limit"),
@@ -78,10 +79,9 @@ def _event_lines(client: Client, name: str) -> list[str]:
     events = client.events(name)[-RECENT_EVENTS:]
     if not events:
         return ["  none"]
-    rows = [["AT", "ACTOR", "ACTION", "DETAIL"]]
+    rows = [["AT", "BY", "EVENT"]]
     for e in events:
-        detail = " ".join(f"{k}={v}" for k, v in e.get("detail", {}).items())
-        rows.append([_when(e.get("at")), str(e.get("actor", "")), str(e.get("action", "")), detail[:80]])
+        rows.append([_when(e.get("at")), str(e.get("actor", "")), event_text(e)])
     return _indent(format_table(rows))
 
 

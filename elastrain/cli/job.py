@@ -9,6 +9,7 @@ from typing import Any
 from elastrain.cli.output import OutputFormat, add_output_flag, print_data
 from elastrain.cli.table import format_table
 from elastrain.errors import ConfigError
+from elastrain.server.event_text import event_text
 
 _TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
@@ -68,16 +69,7 @@ def _print_events(events: list[dict[str, Any]], output: str) -> int:
         print_data(events, output)
         return 0
     for event in events:
-        d = event["detail"]
-        if event["action"] == "job.incident":
-            recover = "-" if d.get("recover_s") is None else f"{d['recover_s']:.3f}s"
-            text = (
-                f"generation {d['generation']} {d['cause']}: world {d['world_size']}, detect "
-                f"{d['detect_s']:.3f}s, recover {recover}, steps lost {d['steps_lost']}"
-            )
-        else:
-            text = " ".join(f"{k}={v}" for k, v in d.items() if k != "job")
-        print(f"{event['at'][:19]}  {event['action']:<14} {text}".rstrip())
+        print(f"{event['at'][:19]}  {event_text(event)}")
     if not events:
         print("no events")
     return 0

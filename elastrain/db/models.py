@@ -230,6 +230,8 @@ class Cluster(Base):
     # migration 0004: per-container limits (0: none)
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     cpus: Mapped[float] = mapped_column(Float, default=0.0)
+    # migration 0009: the GPU model its containers need (None: any), as the node's inventory names it
+    gpu_type: Mapped[str | None] = mapped_column(String(128), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     # migration 0008: the elastic scheduler's memory and idle release (see elastrain.server.scheduling)
     requested_containers: Mapped[int | None] = mapped_column(Integer, nullable=True)  # create/scale
@@ -287,7 +289,7 @@ class Job(Base):
     report_token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)  # migration 0002
     log_path: Mapped[str] = mapped_column(Text, default="")  # migration 0002
     tensorboard_dir: Mapped[str | None] = mapped_column(Text, nullable=True)  # migration 0007
-    # surviving the launcher (server/job_recovery.py); migration 0013
+    # surviving the launcher (server/job_recovery.py); migration 0011
     launcher_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the launcher it runs in
     coordinator_port: Mapped[int | None] = mapped_column(Integer, nullable=True)  # `elastrain run` jobs
     restart_secret: Mapped[str | None] = mapped_column(String(64), nullable=True)  # its tokens derive from it

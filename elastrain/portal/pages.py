@@ -7,8 +7,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from elastrain.examples import FIRST_JOB_TEMPLATE
-
 PORTAL_DIR = Path(__file__).resolve().parent
 STATIC_URL = "/static"
 
@@ -59,8 +57,8 @@ def add_pages(app: FastAPI) -> None:
 
     @router.get("/clusters/{name}", response_class=HTMLResponse)
     def cluster(request: Request, name: str) -> Response:
-        # the job box starts with the first job's command; cluster.js fills in -np from the cluster
-        return page(request, "cluster.html", f"Cluster {name}", cluster=name, first_job=FIRST_JOB_TEMPLATE)
+        # the job box starts with the cluster's `first_job` (cluster.js, from the API)
+        return page(request, "cluster.html", f"Cluster {name}", cluster=name)
 
     @router.get("/clusters/{name}/terminal", response_class=HTMLResponse)
     def terminal(request: Request, name: str) -> Response:

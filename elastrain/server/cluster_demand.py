@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -141,9 +141,15 @@ def cluster_demand(
     reports: Sequence[Report] = (),
     commands: Sequence[Sequence[str]] = (),
     parked: bool = False,
+    model_gpus: Mapping[str, int] | None = None,
 ) -> ClusterDemand:
-    """A cluster row as a :class:`ClusterDemand`, with its running jobs' commands and newest reports."""
+    """A cluster row as a :class:`ClusterDemand`, with its running jobs' commands and newest reports. A
+    cluster asking for a GPU model never grows beyond what the node has of it (`model_gpus`): the rest of
+    the node's GPUs are of no use to it. (The policy still sees one pool: a typed cluster admitted while
+    its model's GPUs are held by others waits at the reconciler, saying for which model.)"""
     low, high = effective_bounds(cluster, commands)
+    if cluster.gpu_type is not None and model_gpus is not None and cluster.gpus_per_container > 0:
+        high = max(min(high, model_gpus.get(cluster.gpu_type, 0) // cluster.gpus_per_container), low)
     return ClusterDemand(
         name=cluster.name,
         desired=cluster.desired_containers,

@@ -1,10 +1,14 @@
-"""The API view of a cluster row (`cluster_out`) and the launch hint each framework's clusters show."""
+"""The API view of a cluster row (`cluster_out`) and the launch hint each framework's clusters show.
+
+The hint and the first job (the portal's job box) take their worker count from one function,
+`elastrain.examples.np_flags`: the cluster's bounds as ``--min-np A --max-np B`` (``-np N`` when fixed)."""
 
 from __future__ import annotations
 
 import json
 
 from elastrain.db.models import Cluster, Framework
+from elastrain.examples import NP_PLACEHOLDER, first_job_command, np_flags
 from elastrain.server import schemas
 from elastrain.server.cluster_demand import own_bounds
 from elastrain.server.inventory import parse_gpu_ids
@@ -13,23 +17,35 @@ from elastrain.server.validation import format_size
 
 _HOSTFILE = "--hostfile /etc/mpi/hostfile"
 _EXAMPLES = "/opt/elastrain/examples"
-# the command a user of each framework types in the launcher (the framework's own launcher, for real)
+# the command a user of each framework types in the launcher (the framework's own launcher, for real);
+# {np}: the cluster's worker count or range (DeepSpeed, Megatron's tensor parallel 2 and Slurm use
+# every slot of the hostfile, whatever it holds)
 LAUNCH_HINTS = {
-    Framework.horovod: f"horovodrun -np 2 {_HOSTFILE} python {_EXAMPLES}/horovod_mnist_elastic.py",
+    Framework.horovod: f"horovodrun {NP_PLACEHOLDER} {_HOSTFILE} python {_EXAMPLES}/horovod_mnist_elastic.py",
     Framework.deepspeed: (
         f"deepspeed {_HOSTFILE} {_EXAMPLES}/deepspeed_train.py --deepspeed_config {_EXAMPLES}/ds_zero2.json"
     ),
     # megatron-core's GPT at tensor parallel 2 x data parallel (processes / 2), on CPU through its shim
     Framework.megatron: f"elastrain run --mode restart {_HOSTFILE} python {_EXAMPLES}/megatron_gpt.py",
-    Framework.pytorch: f"elastrain run {_HOSTFILE} python {_EXAMPLES}/mnist_elastic.py   # or torchrun",
+    Framework.pytorch: (
+        f"elastrain run {NP_PLACEHOLDER} {_HOSTFILE} python {_EXAMPLES}/mnist_elastic.py   # or torchrun"
+    ),
     Framework.slurm: "sinfo; sbatch -N 2 job.sh   # or: salloc -N 2 elastrain run --slurm python train.py",
 }
+
+
+def launch_commands(framework: Framework, low: int, high: int, gpus_per_container: int) -> tuple[str, str]:
+    """The "Run training" hint and the first job of a cluster of `low`..`high` containers: the same
+    worker count or range in both."""
+    hint = LAUNCH_HINTS[framework].replace(NP_PLACEHOLDER, np_flags(low, gpus_per_container, high))
+    return hint, first_job_command(low, gpus_per_container, high)
 
 
 def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
     """The API view of a cluster row."""
     mounts = json.loads(cluster.mounts or "[]")
     low, high = own_bounds(cluster)
+    hint, first_job = launch_commands(cluster.framework, low, high, cluster.gpus_per_container)
     return schemas.ClusterOut(
         name=cluster.name,
         owner=cluster.owner.name,
@@ -46,12 +62,14 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         mounts=[f"{m['source']}:{m['target']}" for m in mounts],
         restart_policy=cluster.restart_policy,
         hostfile_generation=cluster.hostfile_generation,
-        launch_hint=LAUNCH_HINTS[cluster.framework],
+        launch_hint=hint,
+        first_job=first_job,
         min_containers=low,
         max_containers=high,
         priority=cluster.priority or 0,
         size_reason=cluster.size_reason or "",
         idle_release_after=cluster.idle_release_after,
+        gpu_type=cluster.gpu_type,
         created_at=aware(cluster.created_at) or cluster.created_at,
         containers=[
             schemas.ContainerOut(

@@ -7,8 +7,8 @@ valid values that depend on this node: more GPUs than it has (409), a mount sour
 roots or of the server's own state (403) or missing (409), each raised at once.
 
 `check_gpu_type` refuses (409, like more GPUs than the node has) a well-formed GPU type the node's
-inventory does not have; the create route runs it with `check_request_fields`, after the 422 of the
-request's own values.
+inventory does not have; it runs after the 422 of the request's own values, and the GPU check then
+counts that model's GPUs only.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class ValidCluster:
     policy: RestartPolicy
     mounts: list[Mount]
     image: str
+    gpu_type: str | None = None  # the node's name of the GPU model asked for (None: any)
 
 
 def _resolve(resolve_image: Callable[[str, str], str], image: str, framework: str) -> str:
@@ -112,27 +113,21 @@ def check_gpu_type(requested: str | None, models: Sequence[str]) -> str | None:
     return found
 
 
-def check_request_fields(req: schemas.ClusterCreate, gpu_models: Sequence[str]) -> str | None:
-    """The request's own values (one `InvalidRequest` names every bad field), then its GPU type against
-    `gpu_models` (409); the GPU model asked for (None: any)."""
-    found = FieldErrors()
-    _check_fields(found, req)
-    found.raise_if_any()
-    return check_gpu_type(req.gpu_type, gpu_models)
-
-
 def check_cluster_create(
     req: schemas.ClusterCreate,
     *,
-    check_gpu_total: Callable[[int, int], None],
+    check_gpu_total: Callable[[int, int, str | None], None],
     static: bool,
     parse_mount: Callable[[str], Mount],
     resolve_image: Callable[[str, str], str],
+    gpu_models: Sequence[str] = (),
 ) -> ValidCluster:
     """Every check of `req`; one `InvalidRequest` names every bad field (see the module docstring).
 
-    `check_gpu_total(containers, gpus)` refuses (409) more GPUs than the node has (for the lower bound,
-    and in a `static` server without a scheduler for the requested size too); `parse_mount` resolves one
+    `gpu_models` are the node's GPU models (a `gpu_type` naming none of them: 409);
+    `check_gpu_total(containers, gpus, gpu_type)` refuses (409) more GPUs (of that model) than the node
+    has or can free (for the lower bound, and in a `static` server without a scheduler for the
+    requested size too); `parse_mount` resolves one
     ``SOURCE:TARGET`` on this node (403, 409); `resolve_image(image, framework)` raises ValueError for an
     image without it. The node's refusals come after the 422 of the request's own values.
     """
@@ -151,7 +146,9 @@ def check_cluster_create(
         or image is None
     ):
         raise InvalidRequest("invalid request")  # unreachable: each None recorded a refusal
-    check_gpu_total(req.containers if static else bounds[0], req.gpus_per_container)  # static: all of it
+    gpu_type = check_gpu_type(req.gpu_type, gpu_models)
+    # static: all of it
+    check_gpu_total(req.containers if static else bounds[0], req.gpus_per_container, gpu_type)
     mounts = [checked(f"body.mounts.{i}", parse_mount, spec) for i, spec in enumerate(req.mounts)]
     return ValidCluster(
         framework=framework,
@@ -163,4 +160,5 @@ def check_cluster_create(
         policy=policy,
         mounts=mounts,
         image=image,
+        gpu_type=gpu_type,
     )

@@ -8,7 +8,8 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elastrain.backends.usage import Nvml, gpu_models
+from elastrain.backends.usage import Nvml
+from elastrain.errors import ConfigError
 
 DEFAULT_VIRTUAL_GPUS = 8
 
@@ -31,25 +32,40 @@ def detect_gpus() -> int:
 
 
 def detect_gpu_models() -> tuple[str, ...]:
-    """This node's distinct GPU model names: NVML's device names, else the names ``nvidia-smi -L``
-    lists; () without GPUs."""
+    """The model of each of this node's GPUs, in device order: NVML's device names, else the names
+    ``nvidia-smi -L`` lists; () without GPUs."""
     nvml = Nvml(retry_s=0)
     try:
-        models = gpu_models(nvml.snapshot())
+        models = tuple(g.name for g in nvml.snapshot().gpus)
     finally:
         nvml.close()
     if models:
         return models
-    named = (line.partition(": ")[2].partition(" (UUID")[0].strip() for line in _nvidia_smi_list())
-    return tuple(dict.fromkeys(name for name in named if name))
+    return tuple(line.partition(": ")[2].partition(" (UUID")[0].strip() for line in _nvidia_smi_list())
+
+
+def parse_gpu_spec(text: str) -> tuple[str, ...]:
+    """``--gpus``: ``N`` virtual GPUs of no model, or ``MODEL:N,...`` virtual GPUs of named models
+    (``A100:2,V100:2``: ids 0-1 are A100s, 2-3 V100s; a bare ``N`` among them adds untyped ones).
+    The model of each GPU id ('' for none); `ConfigError` saying how to write it when malformed."""
+    models: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        model, sep, count = part.rpartition(":")
+        if not count.strip().isdigit() or (sep and not model.strip()):
+            raise ConfigError(
+                f"--gpus {text!r}: {part!r} is not N or MODEL:N; write e.g. --gpus 4 or --gpus A100:2,V100:2"
+            )
+        models += [model.strip()] * int(count)
+    return tuple(models)
 
 
 @dataclass(frozen=True)
 class Inventory:
     """This node's GPUs (real ones get CUDA_VISIBLE_DEVICES, virtual ones are slots) and address block.
 
-    `gpu_models` names the real GPUs' models (the "GPU type" a create request may ask for); virtual
-    GPUs have none. `address_octet` is the second octet of the 127.N.0.0/16 block containers get
+    `models` names each GPU id's model ('' for none; () for all untyped), real ones as NVML names them,
+    virtual ones as ``--gpus MODEL:N`` declares them: the "GPU type" a create request may ask for.
+    `address_octet` is the second octet of the 127.N.0.0/16 block containers get
     addresses from; each data directory gets its own block so two servers on one machine do not hand
     out the same address.
     """
@@ -57,28 +73,56 @@ class Inventory:
     gpus: int
     real: bool
     address_octet: int = 1
-    gpu_models: tuple[str, ...] = ()  # the real GPUs' model names (NVML's); () for virtual GPUs
+    models: tuple[str, ...] = ()  # the model of each GPU id ('' or missing: none)
 
     @classmethod
-    def create(cls, declared: int | None, data_dir: str = "") -> Inventory:
-        """`declared` virtual GPUs, else the detected real ones, else the default virtual count."""
+    def create(cls, declared: int | str | None, data_dir: str = "") -> Inventory:
+        """`declared` virtual GPUs (a count, or a ``--gpus`` spec naming models), else the detected
+        real ones, else the default virtual count."""
         octet = 1 + zlib.crc32(data_dir.encode()) % 250 if data_dir else 1
         if declared is not None:
-            return cls(declared, False, octet)
+            models = parse_gpu_spec(str(declared))
+            return cls(len(models), False, octet, models if any(models) else ())
         real = detect_gpus()
         if not real:
             return cls(DEFAULT_VIRTUAL_GPUS, False, octet)
-        return cls(real, True, octet, detect_gpu_models())
+        models = detect_gpu_models()
+        return cls(real, True, octet, models if len(models) == real else ())
+
+    @property
+    def gpu_models(self) -> tuple[str, ...]:
+        """The node's distinct GPU models, in id order (() without named ones)."""
+        return tuple(dict.fromkeys(m for m in self.models if m))
 
     @property
     def gpu_model(self) -> str:
         """The GPU model of this node ('' for none, or virtual GPUs; several models joined by ', ')."""
         return ", ".join(self.gpu_models)
 
-    def free_ids(self, used: Iterable[int]) -> list[int]:
-        """GPU ids not in `used`, lowest first."""
+    def model_of(self, gpu_id: int) -> str:
+        """The model of GPU `gpu_id` ('' for none)."""
+        return self.models[gpu_id] if 0 <= gpu_id < len(self.models) else ""
+
+    def count(self, gpu_type: str | None) -> int:
+        """GPUs of model `gpu_type` (None: all of them)."""
+        return (
+            self.gpus
+            if gpu_type is None
+            else sum(1 for g in range(self.gpus) if self.model_of(g) == gpu_type)
+        )
+
+    def model_counts(self) -> dict[str, int]:
+        """GPUs per named model."""
+        return {model: self.count(model) for model in self.gpu_models}
+
+    def free_ids(self, used: Iterable[int], gpu_type: str | None = None) -> list[int]:
+        """GPU ids not in `used` (of model `gpu_type` only, unless None), lowest first."""
         taken = set(used)
-        return [g for g in range(self.gpus) if g not in taken]
+        return [
+            g
+            for g in range(self.gpus)
+            if g not in taken and (gpu_type is None or self.model_of(g) == gpu_type)
+        ]
 
 
 def allocate_address(used: set[str], octet: int = 1) -> str:

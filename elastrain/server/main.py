@@ -68,8 +68,9 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--gpus",
-        type=int,
-        help="declare N virtual GPUs (env ELASTRAIN_GPUS; default: detected GPUs, else 8 virtual)",
+        metavar="N|MODEL:N,...",
+        help="declare N virtual GPUs, or virtual GPUs of named models for gpu_type (A100:2,V100:2) "
+        "(env ELASTRAIN_GPUS; default: detected GPUs, else 8 virtual)",
     )
     p.add_argument(
         "--backend",
@@ -348,7 +349,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
     print(f"elastrain server: scheduler {settings.scheduler}; idle release after {idle}", flush=True)
     if verbose:
         logging.getLogger("elastrain").setLevel(logging.INFO)
-    if settings.gpus is not None and settings.gpus < 0:
+    if isinstance(settings.gpus, int) and settings.gpus < 0:
         raise ConfigError("--gpus must be >= 0")
     if not 0 <= settings.port < 65536:
         raise ConfigError(f"--port {settings.port} is not a port number")

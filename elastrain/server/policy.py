@@ -51,6 +51,7 @@ class ClusterView:
     size_reason: str = ""  # the scheduler's reason for the size (or for waiting)
     jobs: tuple[JobHosts, ...] = ()  # the running jobs and the hosts they last reported
     next_index: int = 0  # named hosts: the lowest worker index never used in this cluster
+    gpu_type: str | None = None  # the GPU model its containers get (None: any)
 
 
 class Action(str, enum.Enum):
@@ -283,19 +284,22 @@ def _scale(
     reason = ""
     need = cluster.gpus_per_container
     gang = not running  # a cluster that is not up yet starts all of its containers or none
-    if to_add and need * len(to_add) > len(pool.free_gpus) and (gang or need > len(pool.free_gpus)):
+    usable = _usable_gpus(pool.free_gpus, inventory, cluster.gpu_type)
+    if to_add and need * len(to_add) > len(usable) and (gang or need > len(usable)):
         missing = need * len(to_add)
+        model = f"{cluster.gpu_type} " if cluster.gpu_type else ""
         reason = (
-            f"waiting for GPUs: {len(to_add)} container(s) need {missing} GPU(s), "
-            f"{len(pool.free_gpus)} of {inventory.gpus} free"
+            f"waiting for GPUs: {len(to_add)} container(s) need {missing} {model}GPU(s), "
+            f"{len(usable)} of {inventory.count(cluster.gpu_type)} free"
         )
         if gang:
             to_add = []
     for name, role in to_add:
-        if need > len(pool.free_gpus):
+        if need > len(usable):
             break
-        gpu_ids = tuple(pool.free_gpus[:need])
-        del pool.free_gpus[:need]
+        gpu_ids = tuple(usable[:need])
+        del usable[:need]
+        pool.free_gpus = [g for g in pool.free_gpus if g not in gpu_ids]
         address = name if named_hosts else allocate_address(pool.addresses, inventory.address_octet)
         pool.addresses.add(address)
         out.append(Decision(Action.add, cluster.name, name, role=role, address=address, gpu_ids=gpu_ids))
@@ -310,6 +314,14 @@ def _scale(
     if state != cluster.state or reason != cluster.reason:
         out.append(Decision(Action.set_cluster_state, cluster.name, state=state, reason=reason))
     return out
+
+
+def _usable_gpus(free: list[int], inventory: Inventory, gpu_type: str | None) -> list[int]:
+    """The free GPU ids a cluster may get: of its model only; without one, GPUs of no model first (so
+    the named models stay for the clusters that ask for them), then the rest, lowest id first."""
+    if gpu_type is not None:
+        return [g for g in free if inventory.model_of(g) == gpu_type]
+    return sorted(free, key=lambda g: (inventory.model_of(g) != "", g))
 
 
 def hostfile_hosts(rows: list[ContainerView]) -> tuple[Host, ...]:

@@ -93,6 +93,7 @@ def cluster_view(cluster: Cluster, jobs: tuple[JobHosts, ...] = ()) -> ClusterVi
         size_reason=cluster.size_reason,
         jobs=jobs,
         next_index=cluster.next_index or 0,
+        gpu_type=cluster.gpu_type,
     )
 
 
@@ -211,7 +212,7 @@ class Reconciler:
     def _pass(self) -> int:
         released = self.idle.run(self.db, utcnow()) if self.idle is not None else 0
         if self.scheduler is not None:
-            scheduled = self.scheduler.run(self.db, self.inventory.gpus)
+            scheduled = self.scheduler.run(self.db, self.inventory.gpus, self.inventory.model_counts())
         else:
             scheduled = self._admit_queued() if self.passes == 0 else 0
         actual = self.backend.list_containers()

@@ -10,7 +10,6 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from elastrain.server import schemas
 from elastrain.server.bounded import off_loop
-from elastrain.server.create_checks import check_request_fields
 from elastrain.server.deps import CurrentUser, ServicesDep
 from elastrain.server.openapi import BODY, created, errors, location, merged
 from elastrain.server.usage_schemas import ClusterUsageOut
@@ -72,9 +71,7 @@ def create_cluster(
     422 names every bad field at once; then what this node refuses: 403, over quota or a mount source
     outside the allowed roots (--allow-mount) or of the server's own state; 409, the name is taken,
     more GPUs than the node has, a `gpu_type` the node has no GPU of (GET /api/v1/inventory lists
-    them), or a mount source that does not exist on the server."""
-    if req.gpu_type is not None:  # the node's models: what the create checks know nothing of
-        check_request_fields(req, services.inventory.gpu_models)
+    them) or none free of, or a mount source that does not exist on the server."""
     out = services.create_cluster(user, req)
     response.headers["Location"] = location("clusters", out.name)
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import datetime
 
 from sqlalchemy import select
@@ -60,8 +61,9 @@ class ClusterScheduler:
         # reader in another thread never sees the dict change size
         self.decisions: dict[str, int] = dict.fromkeys(DECISION_KINDS, 0)
 
-    def run(self, db: Database, total_gpus: int) -> int:
-        """One scheduling step; returns how many clusters changed size, admission or were preempted."""
+    def run(self, db: Database, total_gpus: int, model_gpus: Mapping[str, int] | None = None) -> int:
+        """One scheduling step; returns how many clusters changed size, admission or were preempted.
+        `model_gpus`: the node's GPUs per model, which bound a cluster asking for one (``gpu_type``)."""
         with db.session() as session:
             rows = {
                 c.name: c
@@ -75,7 +77,7 @@ class ClusterScheduler:
             # a cluster idle-released keeps its launcher (and its GPUs) outside the policy
             held = sum(c.desired_containers * c.gpus_per_container for c in rows.values() if c.idle_released)
             demands = [
-                cluster_demand(c, reports.get(c.id, ()), commands.get(c.id, ()), parked=_parked(c))
+                cluster_demand(c, reports.get(c.id, ()), commands.get(c.id, ()), _parked(c), model_gpus)
                 for c in rows.values()
                 if not c.idle_released
             ]

@@ -26,6 +26,7 @@ from elastrain.db.models import (
     Framework,
     RestartPolicy,
 )
+from elastrain.server.event_text import event_sentence
 from elastrain.server.fields import (
     MAX_DB_INT,  # re-exported: app.py
     MAX_EPOCH_S,
@@ -284,7 +285,7 @@ class ClusterCreate(Body):
         default=None,
         description="the GPU model the containers need, one of the node's (`gpu_model` of GET "
         "/api/v1/inventory, e.g. 'NVIDIA H200'; case aside); null: any. Refused (409) when the node has "
-        "no GPU of that model",
+        "no GPU of that model, too few, or too few free; the containers get GPUs of that model only",
         examples=[None],
     )
 
@@ -331,13 +332,24 @@ class ClusterOut(BaseModel):
     mounts: list[str]
     restart_policy: RestartPolicy
     hostfile_generation: int
-    launch_hint: str = Field(description="how to start training from the launcher container")
+    launch_hint: str = Field(
+        description="how to start training from the launcher container with the framework's own launcher; "
+        "its worker count is the first job's (`-np N`, or `--min-np A --max-np B` within the bounds)"
+    )
+    first_job: str = Field(
+        default="",
+        description="the first job to submit (the portal's job box): `elastrain run` of the shipped "
+        "example over the hostfile, with the cluster's worker count or range",
+    )
     min_containers: int = Field(default=0, description="elastic lower bound (launcher included)")
     max_containers: int = Field(default=0, description="elastic upper bound (launcher included)")
     priority: int = 0
     size_reason: str = Field(default="", description="why the cluster has its current size")
     idle_release_after: int | None = Field(
         default=None, description="seconds without a job before its workers go (null: the server's)"
+    )
+    gpu_type: str | None = Field(
+        default=None, description="the GPU model its containers get (as the node names it); null: any"
     )
     created_at: UtcDatetime
     containers: list[ContainerOut]
@@ -381,6 +393,12 @@ class EventOut(BaseModel):
         description="the action's particulars (`job`: the job id of a job event); in a `job.incident`, "
         "`fault_at`, `detected_at`, `formed_at` and `first_step_at` are RFC 3339 UTC timestamps"
     )
+    text: str = Field(
+        default="",
+        description="the event as an English sentence, for people (the portal and the CLI show it); "
+        "scripts read `action` and `detail`",
+        examples=["The scheduler grew it from 2 to 4 containers: grown into 2 idle GPUs."],
+    )
 
     @classmethod
     def stored(
@@ -402,6 +420,8 @@ class EventOut(BaseModel):
         action, detail = data.get("action"), data.get("detail")
         if not isinstance(detail, dict):
             return data
+        if isinstance(action, str) and not data.get("text"):
+            data = {**data, "text": event_sentence(action, detail)}
         if isinstance(action, str) and action not in _ACTIONS:
             return {**data, "action": EventAction.unknown, "detail": {**detail, "action": action}}
         if action == EventAction.job_incident:
@@ -442,6 +462,14 @@ class ImageOut(BaseModel):
     )
 
 
+class GpuModelOut(BaseModel):
+    """The node's GPUs of one model."""
+
+    model: str = Field(description="as NVML names it (virtual GPUs: as `--gpus MODEL:N` declares it)")
+    gpus: int
+    free: int = Field(description="not held by any cluster's container now")
+
+
 class InventoryOut(BaseModel):
     """The node's GPU inventory."""
 
@@ -451,6 +479,9 @@ class InventoryOut(BaseModel):
     free: int
     gpu_model: str = Field(
         default="",
-        description="the real GPUs' model as NVML names it (several: joined by ', '); '' for none "
-        "(no GPUs, or virtual ones): the `gpu_type` a cluster may ask for",
+        description="the GPUs' models as NVML names them, or as `--gpus MODEL:N` declares virtual ones "
+        "(several: joined by ', '); '' for none: the `gpu_type` a cluster may ask for",
+    )
+    models: list[GpuModelOut] = Field(
+        default_factory=list, description="each named model with its GPUs and how many are free ([]: none)"
     )

@@ -40,7 +40,8 @@ from elastrain.server.cluster_views import cluster_out
 from elastrain.server.create_checks import check_cluster_create
 from elastrain.server.errors import ApiError, Conflict, Forbidden, NotFound, checked
 from elastrain.server.exec_service import ExecService
-from elastrain.server.inventory import Inventory
+from elastrain.server.gpu_types import free_of_type
+from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.reconciler import Reconciler
 from elastrain.server.scheduling import fold_service
 from elastrain.server.validation import check_containers, check_name, parse_mount, server_state
@@ -116,13 +117,38 @@ class Services:
         with self.db.session() as session:
             return cluster_out(self._get(session, user, name))
 
-    def _check_gpu_total(self, containers: int, gpus: int) -> None:
-        """Refuse (409: valid, but not on this node) more GPUs than the node has."""
-        if containers * gpus > self.inventory.gpus:
+    def _check_gpu_total(self, containers: int, gpus: int, gpu_type: str | None = None) -> None:
+        """Refuse (409: valid, but not on this node) more GPUs than the node has (of model `gpu_type`:
+        more than it has, or can free, of that model)."""
+        if gpu_type is not None:
+            self._check_gpu_type_free(containers * gpus, gpu_type)
+        elif containers * gpus > self.inventory.gpus:
             kind = "real" if self.inventory.real else "virtual"
             raise Conflict(
                 f"{containers} containers x {gpus} GPUs = {containers * gpus} GPUs, but this node has "
                 f"{self.inventory.gpus} {kind} GPUs; ask for fewer (or start the server with --gpus N)"
+            )
+
+    def _check_gpu_type_total(self, need: int, gpu_type: str) -> None:
+        """Refuse (409) `need` GPUs of model `gpu_type` when the node has fewer of it."""
+        have = self.inventory.count(gpu_type)
+        if need > have:
+            raise Conflict(
+                f"{need} {gpu_type} GPU(s) needed, but this node has {have} of that model "
+                "(GET /api/v1/inventory); ask for fewer containers, or null for any GPU type"
+            )
+
+    def _check_gpu_type_free(self, need: int, gpu_type: str) -> None:
+        """Refuse (409) `need` GPUs of model `gpu_type` when the node has fewer of it, or fewer free."""
+        self._check_gpu_type_total(need, gpu_type)
+        have = self.inventory.count(gpu_type)
+        with self.db.session() as session:
+            clusters = all_clusters(session)
+            free = free_of_type(clusters, self.inventory, gpu_type, self.reconciler.scheduler is not None)
+        if need > free:
+            raise Conflict(
+                f"{need} {gpu_type} GPU(s) needed, but {free} of this node's {have} are free now (the "
+                "others are held by other clusters); retry when one is deleted, or ask for fewer or any type"
             )
 
     def create_cluster(self, user: User, req: schemas.ClusterCreate) -> schemas.ClusterOut:
@@ -136,6 +162,7 @@ class Services:
             static=self.reconciler.scheduler is None,
             parse_mount=lambda spec: parse_mount(spec, self.allowed_mount_roots, *state),
             resolve_image=self.backend.resolve_image,
+            gpu_models=self.inventory.gpu_models,
         )
         framework, low, high, elastic = valid.framework, valid.low, valid.high, valid.elastic
         shm, memory, policy, mounts, image = valid.shm, valid.memory, valid.policy, valid.mounts, valid.image
@@ -167,6 +194,7 @@ class Services:
                 requested_containers=req.containers,
                 idle_release_after=req.idle_release_after,
                 active_at=utcnow(),
+                gpu_type=valid.gpu_type,
                 # with a scheduler, a cluster with GPUs waits for its admission
                 admitted=self.reconciler.scheduler is None or req.gpus_per_container == 0,
                 size_reason="" if self.reconciler.scheduler is None else "queued for the scheduler",
@@ -184,6 +212,7 @@ class Services:
                 min_containers=low,
                 max_containers=high,
                 priority=req.priority,
+                gpu_type=valid.gpu_type,
             )
             session.flush()
             session.refresh(cluster)
@@ -199,6 +228,8 @@ class Services:
             if cluster.state == ClusterState.Terminating:
                 raise Conflict(f"cluster {name!r} is being deleted")
             checked("body.containers", self._check_gpu_total, containers, cluster.gpus_per_container)
+            if cluster.gpu_type is not None:
+                self._check_gpu_type_total(containers * cluster.gpus_per_container, cluster.gpu_type)
             if cluster.min_containers is not None and cluster.max_containers is not None:
                 low, high = cluster.min_containers, cluster.max_containers
                 if not low <= containers <= high:  # the cluster's own bounds: a conflict with its state
@@ -287,18 +318,25 @@ class Services:
     def inventory_out(self) -> schemas.InventoryOut:
         """GPU inventory and usage."""
         with self.db.session() as session:
-            used = sum(
-                k.gpus
+            held = [
+                (k.gpus, parse_gpu_ids(k.gpu_ids))
                 for c in all_clusters(session)
                 for k in c.containers
                 if k.state != ContainerState.Failed
-            )
+            ]
+        used = sum(n for n, _ in held)
+        taken = [g for _, ids in held for g in ids]
+        models = [
+            schemas.GpuModelOut(model=model, gpus=count, free=len(self.inventory.free_ids(taken, model)))
+            for model, count in self.inventory.model_counts().items()
+        ]
         return schemas.InventoryOut(
             gpus=self.inventory.gpus,
             real=self.inventory.real,
             used=used,
             free=self.inventory.gpus - used,
             gpu_model=self.inventory.gpu_model,
+            models=models,
         )
 
     # --- exec --------------------------------------------------------------------------------------

@@ -122,7 +122,8 @@ class ServerSettings(BaseSettings):
     port: int = Field(8080, validation_alias=_env("port"))
     data_dir: Path = Field(DEFAULT_DATA_DIR, validation_alias=_env("data_dir"))
     db: str | None = Field(None, validation_alias=_env("db"))
-    gpus: int | None = Field(None, validation_alias=_env("gpus"))
+    # N virtual GPUs, or a spec naming their models (`elastrain.server.inventory.parse_gpu_spec`)
+    gpus: int | str | None = Field(None, validation_alias=_env("gpus"))
     backend: Literal["container", "process", "local", "slurm", "kubernetes"] | None = Field(
         None, validation_alias=_env("backend")
     )
@@ -160,6 +161,14 @@ class ServerSettings(BaseSettings):
     lab_max_message_bytes: int = Field(
         DEFAULT_LAB_MAX_MESSAGE_BYTES, ge=1024, validation_alias=_env("lab_max_message_bytes")
     )
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpu_count(cls, value: object) -> object:
+        """``8`` is a count; ``A100:2,V100:2`` stays a spec (checked when the inventory is made)."""
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        return value
 
     @field_validator("allow_mount", mode="before")
     @classmethod

@@ -19,8 +19,9 @@ class AppUnderTest:
     token: str
 
 
-def make_app(root: Path, *, max_body_bytes: int | None = None) -> AppUnderTest:
-    """`create_app` wired to real services on `root` (no reconciler thread, no API relay)."""
+def make_app(root: Path, *, max_body_bytes: int | None = None, gpus: int | str = 0) -> AppUnderTest:
+    """`create_app` wired to real services on `root` (no reconciler thread, no API relay); `gpus`:
+    the virtual GPUs, a count or ``MODEL:N,...``."""
     from elastrain.backends.local import LocalBackend
     from elastrain.db.session import Database
     from elastrain.server.app import create_app
@@ -38,7 +39,7 @@ def make_app(root: Path, *, max_body_bytes: int | None = None) -> AppUnderTest:
     token = bootstrap_admin(db, data)
     assert token
     backend = LocalBackend(data)
-    inventory = Inventory.create(0, str(data))
+    inventory = Inventory.create(gpus, str(data))
     membership = JobMembership()
     reconciler = Reconciler(db, backend, inventory, membership=membership)
     services = Services(db, backend, inventory, reconciler, allowed_mount_roots=[root])

@@ -76,7 +76,7 @@ class ControlPlane:
         self,
         root: Path,
         db_url: str | None = None,
-        gpus: int | None = 8,
+        gpus: int | str | None = 8,
         extra_args: tuple[str, ...] = (),
         *,
         port: int | None = None,
@@ -87,7 +87,8 @@ class ControlPlane:
         reconcile_interval: float | None = 0.2,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        """`gpus`: virtual GPUs to declare (None: the server detects the real ones); `db_url`: the
+        """`gpus`: virtual GPUs to declare, a count or ``MODEL:N,...`` (None: the server detects the
+        real ones); `db_url`: the
         database (None: SQLite in the data dir); `env`: the server's environment (default: this one
         less ELASTRAIN_DB)."""
         self.root = root

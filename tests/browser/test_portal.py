@@ -99,7 +99,7 @@ def test_create_scale_job_terminal_delete(
     assert roles == ["launcher", "worker"]
     assert page.locator("#containers-body td[data-label=GPUs]").first.inner_text().startswith("1")
     page.locator("#hostfile").filter(has_text="slots=1").wait_for()
-    assert "created with 2 containers (horovod)" in page.locator("#events-body").inner_text()
+    assert "Created with 2 containers (horovod)" in page.locator("#events-body").inner_text()
     shot(page, "04-cluster-running")
 
     # Times are shown in the browser's zone with the UTC value in the title: in a Tokyo browser, the
@@ -111,7 +111,7 @@ def test_create_scale_job_terminal_delete(
         tab = tokyo.new_page()
         sign_in(tab, server.url, server.token)
         tab.goto(f"{server.url}/clusters/tthvd")
-        shown = tab.locator("#events-body tr").filter(has_text="created with 2 containers").locator("time")
+        shown = tab.locator("#events-body tr").filter(has_text="Created with 2 containers").locator("time")
         text = shown.inner_text().replace("\u202f", " ")  # ICU puts a narrow space before AM/PM
         assert (text, shown.get_attribute("title")) == tokyo_and_utc(created["at"]), created
     finally:
@@ -169,7 +169,7 @@ def test_create_scale_job_terminal_delete(
     generation = page.locator("#hostfile-generation").inner_text()
     found_generation = re.search(r"\d+", generation)
     assert found_generation and int(found_generation.group()) >= 2, generation
-    assert "scaled 2 → 4 containers" in page.locator("#events-body").inner_text()
+    assert "Scaled from 2 to 4 containers." in page.locator("#events-body").inner_text()
     shot(page, "09-cluster-scaled")
 
     # The running job grew into the new containers: world size 2 -> 4 on the chart, marked as resizes.

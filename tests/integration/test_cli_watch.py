@@ -85,7 +85,7 @@ def test_create_wait_status_describe_and_watch(cp: ControlPlane) -> None:
             assert row.split()[1:4] == [c.role, "Running", c.address], row
         hostfile = text.split("Hostfile (generation", 1)[1].split("\n\n", 1)[0]
         assert all(c.address in hostfile for c in cluster.containers)
-        assert "cluster.created" in text.split("Events (last", 1)[1]
+        assert "Created with 2 containers" in text.split("Events (last", 1)[1]  # events as sentences
 
         watched = cp.cli("cluster", "get", NAME, "-w", "--timeout", "1.5")
         assert watched.returncode == 0, watched.stderr

@@ -49,8 +49,10 @@ def test_incidents_become_job_events_in_api_and_cli(cp: ControlPlane) -> None:
         ]
         out = cp.cli("job", "events", str(job["id"]))
         assert out.returncode == 0, out.stderr
+        job_id = job["id"]
         assert (
-            "generation 1 worker_failure: world 1, detect 0.250s, recover 0.100s, steps lost 0" in out.stdout
+            f"Job #{job_id} lost a worker and goes on with 1 worker (generation 1): noticed in 0.25 s, "
+            "training again after 0.1 s, no step lost." in out.stdout
         )
         as_json = json.loads(cp.cli("job", "events", str(job["id"]), "-o", "json").stdout)
         assert as_json == events

@@ -350,7 +350,7 @@ def test_describe_shows_the_spec_and_sections(in_process: None, capsys: pytest.C
     assert out.startswith("Name:") and "describeme" in out.splitlines()[0]
     for section in ("Containers:", "Hostfile (generation", "Events (last", "Jobs (last"):
         assert section in out
-    assert "cluster.created" in out  # the audit trail's first event
+    assert "Created with 3 containers (horovod), priority 5." in out  # the trail's first event, in words
 
 
 def test_timeout_without_wait_is_refused(in_process: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -226,3 +226,10 @@ def test_quota_defaults_come_from_flags_env_and_file(tmp_path: Path, monkeypatch
 def test_a_negative_quota_is_one_line_error() -> None:
     with pytest.raises(ConfigError, match="--quota-clusters"):
         load_settings(server_args("--quota-clusters", "-1"))
+
+
+def test_gpus_is_a_count_or_a_spec_of_named_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings(server_args("--gpus", "4")).gpus == 4
+    assert load_settings(server_args("--gpus", "A100:2,V100:2")).gpus == "A100:2,V100:2"
+    monkeypatch.setenv("ELASTRAIN_GPUS", "H100:8")
+    assert load_settings(server_args()).gpus == "H100:8"

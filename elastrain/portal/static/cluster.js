@@ -29,11 +29,9 @@ document.addEventListener("DOMContentLoaded", () => {
   let cluster = null;
   let prefill = null; // the first job's command as last put in the job box
 
-  /** The first job (the page's data-first-job, from `elastrain.examples`) with -np = the hostfile's
-   *  slots once every container runs: one line per container, slots = its GPUs, at least 1. */
+  /** The first job, as the server words it (`first_job`: the same worker range as "Run training"). */
   function firstJob(c) {
-    const slots = c.desired_containers * Math.max(c.gpus_per_container, 1);
-    return $("job-form").dataset.firstJob.replace("{np}", String(slots));
+    return c.first_job;
   }
 
   /** Put the first job in the job box, and follow the cluster's size until the user edits it. */
@@ -44,19 +42,25 @@ document.addEventListener("DOMContentLoaded", () => {
     prefill = command;
   }
 
+  /** The size in words: how many containers now, the bounds, and why (the scheduler's reason). */
+  function sizeText(c) {
+    const elastic = c.min_containers !== c.max_containers;
+    const bounds = elastic ? `elastic between ${c.min_containers} and ${c.max_containers}` : "fixed size";
+    const why = c.size_reason ? `: ${c.size_reason}` : "";
+    return `${c.desired_containers} containers (${bounds}, priority ${c.priority})${why}`;
+  }
+
   function summary(c) {
     const running = c.containers.filter((k) => k.state === "Running").length;
     const items = [
-      ["Framework", Portal.framework(c.framework)], ["Containers", `${running}/${c.desired_containers} Running`],
-      ["GPUs per container", String(c.gpus_per_container)], ["Shared memory", c.shm],
+      ["Framework", Portal.framework(c.framework)], ["Size", sizeText(c)],
+      ["Containers", `${running}/${c.desired_containers} Running`],
+      ["GPUs per container", String(c.gpus_per_container)],
+      ["GPU type", c.gpu_type || "any"], ["Shared memory", c.shm],
       ["Image", c.image], ["Storage", c.mounts.length ? c.mounts.join(", ") : "none"],
       ["Owner", c.owner], ["Run training", c.launch_hint],
     ];
     if (c.reason) items.splice(2, 0, ["Reason", c.reason]);
-    if (c.min_containers !== c.max_containers || c.size_reason) {
-      const bounds = `${c.min_containers}..${c.max_containers} containers, priority ${c.priority}`;
-      items.splice(2, 0, ["Size", c.size_reason ? `${c.size_reason} (${bounds})` : bounds]);
-    }
     $("cluster-summary").replaceChildren(...items.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   }
 
@@ -70,28 +74,6 @@ document.addEventListener("DOMContentLoaded", () => {
       el("td", { "data-label": "State", class: "container-state" }, stateBadge(k.state),
          k.reason ? el("span", { class: "reason" }, " " + k.reason) : ""),
       el("td", { "data-label": "Started" }, formatTime(k.started_at)));
-  }
-
-  function describe(e) {
-    const d = e.detail || {};
-    switch (e.action) {
-      case "cluster.created": return `created with ${d.containers} containers (${d.framework})`;
-      case "cluster.scaled": return `scaled ${d.before} → ${d.after} containers`;
-      case "cluster.exec": return `exec ${(d.command || []).join(" ")}`;
-      case "cluster.running": return "all containers Running";
-      case "cluster.degraded": return `Degraded: ${d.reason}`;
-      case "cluster.admitted": return `scheduler started it at ${d.after} containers: ${d.reason}`;
-      case "cluster.rescheduled": return `scheduler resized ${d.before} → ${d.after} containers: ${d.reason}`;
-      case "container.created": return `container ${d.container} created at ${d.address}`;
-      case "container.running": return `container ${d.container} Running${d.adopted ? " (adopted)" : ""}`;
-      case "container.failed": return `container ${d.container} failed${d.reason ? ": " + d.reason : ""}`;
-      case "hostfile.written": return `hostfile generation ${d.generation}: ${(d.hosts || []).length} host(s)`;
-      case "job.submitted": return `job #${d.job} submitted: ${(d.command || []).join(" ")}`;
-      default: {
-        const rest = Object.entries(d).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`);
-        return e.action + (rest.length ? " " + rest.join(" ") : "");
-      }
-    }
   }
 
   function jobRow(j) {
@@ -128,7 +110,7 @@ document.addEventListener("DOMContentLoaded", () => {
     $("events-body").replaceChildren(...events.slice().reverse().map((e) => el("tr", {},
       el("td", { "data-label": "Time" }, formatTime(e.at)),
       el("td", { "data-label": "By" }, e.actor),
-      el("td", { "data-label": "Event" }, describe(e)))));
+      el("td", { "data-label": "Event" }, e.text || e.action))));
     $("jobs-body").replaceChildren(...jobs.slice().reverse().map(jobRow));
     $("jobs-empty").hidden = jobs.length > 0;
     return true;

@@ -1,12 +1,13 @@
 "use strict";
 /* Create-cluster form: the server validates; a 422 names every bad field (problem details `errors`),
    and each message is shown next to its field, all at once. */
-const FIELDS = ["framework", "name", "containers", "image", "gpus", "gpu-type", "idle-release", "shm", "mounts"];
+const FIELDS = ["framework", "name", "containers", "min-containers", "max-containers", "priority", "image",
+  "gpus", "gpu-type", "idle-release", "shm", "mounts"];
 /** The form field of a request field (`loc` "body.NAME" or "body.NAME.INDEX"). */
 const FIELD_OF = {
-  name: "name", framework: "framework", containers: "containers", min_containers: "containers",
-  max_containers: "containers", image: "image", gpus_per_container: "gpus", gpu_type: "gpu-type", shm: "shm",
-  mounts: "mounts", idle_release_after: "idle-release",
+  name: "name", framework: "framework", containers: "containers", min_containers: "min-containers",
+  max_containers: "max-containers", priority: "priority", image: "image", gpus_per_container: "gpus",
+  gpu_type: "gpu-type", shm: "shm", mounts: "mounts", idle_release_after: "idle-release",
 };
 
 /** The form field a problem's `loc` is about (null: not on the form). */
@@ -20,13 +21,24 @@ function fieldFor(message) {
   const m = message.toLowerCase();
   if (/cluster name|name:|is taken|dns label/.test(m)) return "name";
   if (/framework/.test(m)) return "framework";
-  if (/gpu_type/.test(m)) return "gpu-type";
+  if (/gpu_type| gpu\(s\) needed/.test(m)) return "gpu-type";
+  if (/min_containers/.test(m)) return "min-containers";
+  if (/max_containers/.test(m)) return "max-containers";
+  if (/priority/.test(m)) return "priority";
   if (/gpus = |gpus per container|gpus_per_container/.test(m)) return "gpus";
   if (/containers must|containers:|containers \(/.test(m)) return "containers";
   if (/size|shm/.test(m)) return "shm";
   if (/mount/.test(m)) return "mounts";
   if (/image/.test(m)) return "image";
   return null;
+}
+
+/** The default bounds of `containers` (the seed's flow elastic with no edit): min = the containers,
+ *  max = twice them, but no more than the node's GPUs (of the chosen model) hold at `gpus` per
+ *  container (never below min). */
+function defaultBounds(containers, gpus, totalGpus) {
+  const max = gpus > 0 && totalGpus != null ? Math.min(2 * containers, Math.floor(totalGpus / gpus)) : 2 * containers;
+  return [containers, Math.max(containers, max)];
 }
 
 /** A byte count for people: 1.4 GB, 820 MB ("" when unknown). */
@@ -78,14 +90,37 @@ document.addEventListener("DOMContentLoaded", () => {
   shmOn.addEventListener("change", sync);
   sync();
 
+  // Min and max follow the containers (and the GPUs they need) until the user edits them.
+  let totalGpus = null; // the node's GPUs, once GET /inventory answered
+  let modelGpus = new Map(); // its GPUs per named model
+  const suggested = { "min-containers": null, "max-containers": null };
+  function followBounds() {
+    const containers = intOrNull($("containers").value);
+    if (!Number.isInteger(containers) || containers < 2) return;
+    const gpus = gpuOn.checked ? intOrNull($("gpus").value) || 0 : 0;
+    const model = gpuOn.checked ? $("gpu-type").value : "";
+    const [low, high] = defaultBounds(containers, gpus, model ? modelGpus.get(model) ?? totalGpus : totalGpus);
+    for (const [id, value] of [["min-containers", low], ["max-containers", high]]) {
+      const box = $(id);
+      if (suggested[id] === null || box.value === String(suggested[id])) box.value = String(value);
+      suggested[id] = value;
+    }
+  }
+  for (const id of ["containers", "gpus", "gpu-enabled", "gpu-type"]) {
+    $(id).addEventListener("input", followBounds);
+    $(id).addEventListener("change", followBounds);
+  }
+  followBounds();
+
   // GPU type: "any" (gpu_type null), then each model the node's inventory names (NVML's device name)
   Portal.api("GET", "/inventory").then((inv) => {
+    totalGpus = inv.gpus;
+    followBounds();
     const kind = inv.real ? "GPU (detected)" : "virtual GPU";
-    const free = `${inv.free} of ${inv.gpus} free`;
-    const models = (inv.gpu_model || "").split(", ").filter(Boolean);
+    modelGpus = new Map((inv.models || []).map((m) => [m.model, m.gpus]));
     $("gpu-type").replaceChildren(
-      Portal.el("option", { value: "" }, `any ${kind}: ${free}`),
-      ...models.map((model) => Portal.el("option", { value: model }, `${model}: ${free}`)));
+      Portal.el("option", { value: "" }, `any ${kind}: ${inv.free} of ${inv.gpus} free`),
+      ...(inv.models || []).map((m) => Portal.el("option", { value: m.model }, `${m.model}: ${m.free} of ${m.gpus} free`)));
   }).catch((err) => Portal.showError(err.message));
 
   // The image select: "default image of the framework" (value "") then every image the backend has.
@@ -137,6 +172,9 @@ document.addEventListener("DOMContentLoaded", () => {
       framework: chosenFramework(),
       name: $("name").value.trim(),
       containers: intOrNull($("containers").value),
+      min_containers: intOrNull($("min-containers").value),
+      max_containers: intOrNull($("max-containers").value),
+      priority: intOrNull($("priority").value) ?? 0,
       image: $("image").value,
       gpus_per_container: gpuOn.checked ? intOrNull($("gpus").value) : 0,
       gpu_type: gpuOn.checked && $("gpu-type").value ? $("gpu-type").value : null,

@@ -5,7 +5,7 @@ job 1 again, and an old link, log or metric name a new job. `elastrain.db.ids` t
 ``id_high_water`` on SQLite instead; PostgreSQL's sequences never go back and leave the table unused.
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 """
 
 from collections.abc import Sequence
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0010"
-down_revision: str | Sequence[str] | None = "0008"
+down_revision: str | Sequence[str] | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """jobs that outlive their launcher: the launcher a job runs in, its coordinator's port, the secret its
 tokens derive from, and its restart counts and budgets (platform failures apart from the user's exit codes)
 
-Revision ID: 0013
+Revision ID: 0011
 Revises: 0010
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013"
+revision: str = "0011"
 down_revision: str | Sequence[str] | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
