@@ -99,13 +99,12 @@ def run_job_command(args: argparse.Namespace) -> int:
             ):
                 if value is not None and not 0 <= value <= 100:
                     raise ConfigError(f"{flag} must be 0..100, got {value}")
-            job = client.submit_job(
-                args.cluster,
-                command,
-                tensorboard_dir=args.tensorboard_dir or "",
-                retries=args.retries,
-                max_platform_restarts=args.max_platform_restarts,
-            )
+            extra: dict[str, Any] = {"tensorboard_dir": args.tensorboard_dir} if args.tensorboard_dir else {}
+            if args.retries is not None:
+                extra["retries"] = args.retries
+            if args.max_platform_restarts is not None:
+                extra["max_platform_restarts"] = args.max_platform_restarts
+            job = client.submit_job(args.cluster, command, **extra)
             print(f"job {job['id']} submitted to {job['cluster']}", file=sys.stderr)
             print(job["id"])
             return _follow(client, job["id"]) if args.follow else 0

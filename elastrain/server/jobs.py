@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from elastrain.backends.api import Backend
+from elastrain.backends.api import Backend, ContainerSpec
 from elastrain.backends.procs import cmdline, pid_alive
 from elastrain.backends.tenant_files import LOG_LIMIT
 from elastrain.contracts.env import ReportEnv
@@ -123,6 +123,7 @@ class JobService:
             check_not_terminating(cluster)
             if launcher is None or launcher.state != ContainerState.Running:
                 raise Conflict(f"cluster {name!r} has no Running launcher yet; wait for it and retry")
+            spec = self.commands.spec(cluster, launcher)  # before the job's row: it may read others
             report_token = recovery.derived_token(secret, "report")
             job, _log = self._new_job(session, cluster, launcher.name, user, req.command, report_token)
             job.tensorboard_dir = req.tensorboard_dir
@@ -130,7 +131,7 @@ class JobService:
             job.max_user_restarts, job.max_platform_restarts = req.retries, req.max_platform_restarts
             if recovery.is_elastrain_run(req.command):
                 job.coordinator_port = self._coordinator_port(session, cluster)
-            self._start(session, cluster, launcher, job, req.command)
+            self._start(cluster, launcher, job, req.command, spec)
             add_event(
                 session, user.name, EventAction.job_submitted, name, user.id, job=job.id, command=req.command
             )
@@ -150,9 +151,9 @@ class JobService:
         return recovery.coordinator_port(taken, recovery.port_is_free if shared else lambda _port: True)
 
     def _start(
-        self, session: Session, cluster: Cluster, launcher: Container, job: Job, command: list[str]
+        self, cluster: Cluster, launcher: Container, job: Job, command: list[str], spec: ContainerSpec
     ) -> None:
-        """Start `command` as `job` in `launcher` (detached, its exit code to the job's exit file)."""
+        """Start `command` as `job` in `launcher` (`spec`; detached, its exit code to the job's exit file)."""
         assert job.restart_secret is not None
         env = ReportEnv(
             url=self.backend.api_url(cluster.name, self.report_url),
@@ -166,7 +167,6 @@ class JobService:
             env[recovery.COORDINATOR_PORT_ENV] = str(job.coordinator_port)
             if not self.backend.translates_paths:  # agents reach a replacement launcher by its name
                 env[recovery.COORDINATOR_HOST_ENV] = launcher.name
-        spec = self.commands.spec(cluster, launcher)
         exit_file = self.backend.path_inside(cluster.name, launcher.name, exit_path(job.id))
         proc = self.commands.start(spec, command, env=env, log_path=Path(job.log_path), exit_file=exit_file)
         job.pid, job.launcher_pid = proc.pid, launcher.pid
@@ -469,7 +469,7 @@ class JobService:
             job.user_restarts = (job.user_restarts or 0) + 1
         self._gone_since.pop(job.id, None)
         try:
-            self._start(session, cluster, launcher, job, command)
+            self._start(cluster, launcher, job, command, self.commands.spec(cluster, launcher))
         except (OSError, ElastrainError) as exc:  # counted: a launcher that cannot start it uses the budget
             log.warning("job %d: cannot start it again in %s: %s", job.id, launcher.name, exc)
             return

@@ -116,12 +116,11 @@ def test_the_scheduler_never_grows_a_typed_cluster_beyond_its_models_gpus() -> N
     row = Cluster(name="a", desired_containers=2, min_containers=2, max_containers=8, gpus_per_container=1)
     counts = Inventory.create("A100:3,V100:5").model_counts()
     assert counts == {"A100": 3, "V100": 5}
-    assert cluster_demand(row, (), counts).max_containers == 8  # any type: the whole node
+    job = [["elastrain", "run", "--min-np", "2", "--max-np", "8", "python", "train.py"]]
+    assert cluster_demand(row, (), job, False, counts).max_containers == 8  # any type: the whole node
     row.gpu_type = "A100"
-    assert (
-        cluster_demand(row, (), counts).min_containers,
-        cluster_demand(row, (), counts).max_containers,
-    ) == (2, 3)
+    demand = cluster_demand(row, (), job, False, counts)
+    assert (demand.min_containers, demand.max_containers) == (2, 3)
 
 
 def test_free_gpus_of_a_model_count_what_a_scheduler_can_take_back() -> None:
