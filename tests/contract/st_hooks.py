@@ -59,7 +59,7 @@ from urllib.parse import quote
 import jsonschema_rs
 import requests
 import schemathesis
-from pydantic import TypeAdapter, ValidationError
+from pydantic import AwareDatetime, TypeAdapter, ValidationError
 
 SAFE_PROGRAM = "echo"
 CAP_CONTAINERS = 3
@@ -75,6 +75,7 @@ _CLUSTERS_ROUTE = "/clusters"
 _COUNT_FIELDS = ("containers", "min_containers", "max_containers")
 _DETOUR = 1_000_000  # protected token id + this: an id no token has in a test server
 _INT = TypeAdapter(int)
+_AWARE = TypeAdapter(AwareDatetime)
 _created: deque[tuple[str, str]] = deque()  # (cluster URL, Authorization) of the clusters created
 MAX_DB_INT = 2**63 - 1  # the server's bound on ids (elastrain.server.fields.MAX_DB_INT)
 MAX_PID = 2**31 - 1  # JobAttach.pid's bound
@@ -147,10 +148,10 @@ def future_expiry(value: Any, now: datetime) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
+        when = _AWARE.validate_python(value)  # the server's parser: RFC 3339's lower-case t and z too
+    except ValidationError:
         return value
-    if when.tzinfo is None or now + timedelta(minutes=1) < when < now + timedelta(days=MAX_TOKEN_DAYS - 1):
+    if now + timedelta(minutes=1) < when < now + timedelta(days=MAX_TOKEN_DAYS - 1):
         return value
     return (now + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -75,6 +75,7 @@ def test_expiry_times_are_moved_into_the_allowed_window() -> None:
     assert future_expiry("2000-01-01T00:00:00Z", NOW) == tomorrow
     assert future_expiry("7692-07-16T11:40:35-16:24", NOW) == tomorrow
     assert future_expiry("2031-06-01T00:00:00+02:00", NOW) == "2031-06-01T00:00:00+02:00"
+    assert future_expiry("2000-01-01t00:00:00z", NOW) == tomorrow  # RFC 3339: either case
     assert future_expiry("2000-01-01T00:00:00", NOW) == "2000-01-01T00:00:00"  # no zone: invalid
     assert future_expiry("soon", NOW) == "soon" and future_expiry(None, NOW) is None
 
