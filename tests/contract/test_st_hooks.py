@@ -19,6 +19,7 @@ from tests.contract.st_hooks import (
     future_expiry,
     harmless_command,
     job_report,
+    listed_image,
     ndjson_lines,
     ordered_bounds,
     protected_job,
@@ -68,6 +69,16 @@ def test_bounds_are_put_on_the_right_side_of_containers() -> None:
     kept = {"min_containers": 2, "max_containers": 8, "containers": 4}
     assert ordered_bounds(kept) == kept
     assert ordered_bounds({"containers": "x", "min_containers": 9})["min_containers"] == 9
+
+
+def test_an_image_not_served_for_the_framework_becomes_the_default() -> None:
+    images = [{"name": "img:1", "frameworks": ["pytorch"]}, {"name": "local", "frameworks": []}]
+    assert listed_image({"image": "img:1", "framework": "pytorch"}, images)["image"] == "img:1"
+    assert listed_image({"image": "img:1"}, images)["image"] == ""  # the default framework: horovod
+    assert listed_image({"image": "local", "framework": "deepspeed"}, images)["image"] == "local"
+    assert listed_image({"image": "nope"}, images)["image"] == ""
+    for kept in ({"image": ""}, {"name": "a"}, {"image": 7}):
+        assert listed_image(kept, images) == kept
 
 
 def test_expiry_times_are_moved_into_the_allowed_window() -> None:
