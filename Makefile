@@ -21,7 +21,7 @@ LANE2_MARKS := $(LANE2_RUN) or k8s
 REST_TESTS  := $(filter-out $(FAST_TESTS) tests/k8s tests/__pycache__,$(patsubst %/,%,$(wildcard tests/*/))) \
                $(wildcard tests/test_*.py)
 
-.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps postgres-deps image test-fast audit openapi fuzz bench-scheduler k8s-deps test-k8s
+.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps postgres-deps image test-fast test-fast-bare audit openapi fuzz bench-scheduler k8s-deps test-k8s
 
 install: $(STAMP)
 
@@ -99,6 +99,14 @@ test-k8s: install k8s-deps
 test-fast: lint
 	$(PYTEST) -m "not ($(LANE2_MARKS))" $(FAST_TESTS)
 
+# the fast lane again, in a bare Debian bookworm + python3 + make container (scripts/fast_lane_bare.sh;
+# its rootfs from mmdebstrap, cached): proves it needs nothing outside its venv. Skips, saying why,
+# without podman or mmdebstrap (make container-deps installs them as root)
+test-fast-bare: install container-deps
+	@PY=$(PY) scripts/fast_lane_bare.sh; rc=$$?; if [ $$rc = 77 ]; then \
+	  echo "test-fast-bare: skipped (no podman/mmdebstrap that can run here; make container-deps as root)"; \
+	  else exit $$rc; fi
+
 # known vulnerabilities in the installed dependencies (pip-audit; elastrain itself is skipped). Offline it
 # prints `pip-audit: skipped (advisory database unreachable: ...)`; tolerated IDs: .ci/pip-audit-ignore.txt
 audit: install
@@ -109,7 +117,7 @@ audit: install
 # LANE2_SHARDS=1 runs it in one process); any failure in it fails `make test`. Two shares took the lane
 # from ~32 to ~21 min here with no failure on a quiet machine (on one at load 8-10 some waits ran out)
 LANE2_SHARDS ?= 2
-test: test-fast audit portal-deps slurm-deps container-deps postgres-deps
+test: test-fast audit portal-deps slurm-deps container-deps test-fast-bare postgres-deps
 	LANE2_SHARDS=$(LANE2_SHARDS) PYTEST="$(PYTEST)" ELASTRAIN="$(VENV)/bin/elastrain" REST_TESTS="$(REST_TESTS)" FAST_TESTS="$(FAST_TESTS)" LANE2_RUN="$(LANE2_RUN)" \
 	  scripts/test_lane2.sh
 

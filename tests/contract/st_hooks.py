@@ -16,7 +16,8 @@ every request of every phase (examples, coverage, fuzzing, stateful, and the che
   day ahead), and a new cluster's ``min_containers <= containers <= max_containers`` (a bound on the
   wrong side of ``containers`` becomes ``containers``), and its memory limit holds its shm (a smaller
   limit becomes the shm's size), and its mounts have distinct targets (a later mount on a target
-  already mounted is dropped). Invalid requests are sent as generated.
+  already mounted is dropped), and its image is one GET /images lists with its framework (another
+  becomes ``""``, the default). Invalid requests are sent as generated.
 
 Each rewrite keeps a request as valid or as invalid as it was (a valid value maps to a valid one, an
 invalid one is left alone; the cap is monotonic, so ``min <= containers <= max`` holds after it iff it
@@ -59,7 +60,7 @@ from urllib.parse import quote
 import jsonschema_rs
 import requests
 import schemathesis
-from pydantic import TypeAdapter, ValidationError
+from pydantic import AwareDatetime, TypeAdapter, ValidationError
 
 SAFE_PROGRAM = "echo"
 CAP_CONTAINERS = 3
@@ -68,6 +69,7 @@ MAX_LIVE_CLUSTERS = 8
 MAX_TOKEN_DAYS = 3650  # the server's bound on a token's lifetime (elastrain.server.schemas)
 DEFAULT_CONTAINERS = 2  # ClusterCreate.containers's default
 DEFAULT_SHM = "64Mi"  # ClusterCreate.shm's default
+DEFAULT_FRAMEWORK = "horovod"  # ClusterCreate.framework's default
 _COMMAND_ROUTES = ("/clusters/{name}/exec", "/clusters/{name}/jobs")
 _TOKEN_ROUTE = "/users/{name}/tokens/{token_id}"
 _EXPIRY_FIELDS = {"/users": "token_expires_at", "/users/{name}/tokens": "expires_at"}
@@ -75,6 +77,7 @@ _CLUSTERS_ROUTE = "/clusters"
 _COUNT_FIELDS = ("containers", "min_containers", "max_containers")
 _DETOUR = 1_000_000  # protected token id + this: an id no token has in a test server
 _INT = TypeAdapter(int)
+_AWARE = TypeAdapter(AwareDatetime)
 _created: deque[tuple[str, str]] = deque()  # (cluster URL, Authorization) of the clusters created
 MAX_DB_INT = 2**63 - 1  # the server's bound on ids (elastrain.server.fields.MAX_DB_INT)
 MAX_PID = 2**31 - 1  # JobAttach.pid's bound
@@ -147,10 +150,10 @@ def future_expiry(value: Any, now: datetime) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
+        when = _AWARE.validate_python(value)  # the server's parser: RFC 3339's lower-case t and z too
+    except ValidationError:
         return value
-    if when.tzinfo is None or now + timedelta(minutes=1) < when < now + timedelta(days=MAX_TOKEN_DAYS - 1):
+    if now + timedelta(minutes=1) < when < now + timedelta(days=MAX_TOKEN_DAYS - 1):
         return value
     return (now + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -204,6 +207,33 @@ def distinct_mount_targets(body: dict[str, Any]) -> dict[str, Any]:
             seen.add(target)
         kept.append(mount)
     return body if len(kept) == len(mounts) else {**body, "mounts": kept}
+
+
+def listed_image(body: dict[str, Any], images: list[dict[str, Any]]) -> dict[str, Any]:
+    """`body` whose ``image`` is one of `images` (GET /images) holding its framework, or ``""`` (the
+    framework's default): which images exist is the server's state, not something JSON Schema states."""
+    image, framework = body.get("image"), body.get("framework", DEFAULT_FRAMEWORK)
+    if not isinstance(image, str) or not image:
+        return body
+    for entry in images:
+        held = entry.get("frameworks") or []
+        if entry.get("name") == image and (not held or framework in held):
+            return body
+    return {**body, "image": ""}
+
+
+@cache
+def served_images() -> list[dict[str, Any]]:
+    """GET /images as this run's identity sees it (read once; empty without an answer)."""
+    url, token = harness().api_url, os.environ.get("ELASTRAIN_ST_TOKEN", "")
+    if not url:
+        return []
+    try:
+        answer = requests.get(f"{url}/images", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        listed = answer.json() if answer.status_code == 200 else []
+    except (requests.RequestException, ValueError):
+        return []
+    return [entry for entry in listed if isinstance(entry, dict)] if isinstance(listed, list) else []
 
 
 def valid_int(value: Any, low: int, high: int) -> bool:
@@ -288,6 +318,7 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
         body = {k: capped_count(v) if k in _COUNT_FIELDS else v for k, v in body.items()}
         if _positive(case):
             body = distinct_mount_targets(shm_within_memory(ordered_bounds(body)))
+            body = listed_image(body, served_images())
         case.body = body
     elif method == "POST" and route in _EXPIRY_FIELDS and isinstance(body, dict) and _positive(case):
         field, now = _EXPIRY_FIELDS[route], datetime.now(timezone.utc)

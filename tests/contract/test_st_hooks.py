@@ -19,6 +19,7 @@ from tests.contract.st_hooks import (
     future_expiry,
     harmless_command,
     job_report,
+    listed_image,
     ndjson_lines,
     ordered_bounds,
     protected_job,
@@ -70,11 +71,22 @@ def test_bounds_are_put_on_the_right_side_of_containers() -> None:
     assert ordered_bounds({"containers": "x", "min_containers": 9})["min_containers"] == 9
 
 
+def test_an_image_not_served_for_the_framework_becomes_the_default() -> None:
+    images = [{"name": "img:1", "frameworks": ["pytorch"]}, {"name": "local", "frameworks": []}]
+    assert listed_image({"image": "img:1", "framework": "pytorch"}, images)["image"] == "img:1"
+    assert listed_image({"image": "img:1"}, images)["image"] == ""  # the default framework: horovod
+    assert listed_image({"image": "local", "framework": "deepspeed"}, images)["image"] == "local"
+    assert listed_image({"image": "nope"}, images)["image"] == ""
+    for kept in ({"image": ""}, {"name": "a"}, {"image": 7}):
+        assert listed_image(kept, images) == kept
+
+
 def test_expiry_times_are_moved_into_the_allowed_window() -> None:
     tomorrow = "2030-01-02T00:00:00Z"
     assert future_expiry("2000-01-01T00:00:00Z", NOW) == tomorrow
     assert future_expiry("7692-07-16T11:40:35-16:24", NOW) == tomorrow
     assert future_expiry("2031-06-01T00:00:00+02:00", NOW) == "2031-06-01T00:00:00+02:00"
+    assert future_expiry("2000-01-01t00:00:00z", NOW) == tomorrow  # RFC 3339: either case
     assert future_expiry("2000-01-01T00:00:00", NOW) == "2000-01-01T00:00:00"  # no zone: invalid
     assert future_expiry("soon", NOW) == "soon" and future_expiry(None, NOW) is None
 
