@@ -56,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-log", type=Path, help="directory for per-rank JSON lines of sample ids")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (demos)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after N steps in this run (tests)")
+    p.add_argument(
+        "--hold-file",
+        type=Path,
+        help="after each step, wait while this file exists (a stop signal ends the wait): a test holds "
+        "the job between its resizes, so the job cannot end before a resize however slow the machine",
+    )
     p = deepspeed.add_config_arguments(p)
     args = p.parse_args(argv)
     if not args.deepspeed_config:
@@ -196,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"first step world={world} restart={restart} t={time.time():.3f}", flush=True)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
+            while args.hold_file is not None and args.hold_file.exists() and not STOP.requested:
+                time.sleep(0.05)  # every rank reads the same shared file; the others wait in the all-reduce
             if totals.stop or (args.max_steps and steps_here >= args.max_steps):
                 stopped = True
                 break

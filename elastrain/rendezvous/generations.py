@@ -82,7 +82,10 @@ class GenerationMachine:
         was_member = worker.state in MEMBER
         worker.state = WorkerState.DEAD
         worker.join_request = None
-        self.slots.release(worker.host)
+        if cause == Cause.WORKER_FAILURE:
+            self.slots.lose(worker.host)  # its process is gone: the slot is free to take back
+        else:
+            self.slots.release(worker.host)  # a hung worker (missed heartbeats) may still hold it
         if was_member:
             self._request_generation(cause)
 
@@ -207,6 +210,8 @@ class GenerationMachine:
             return
         if len(live) < self.config.min_np and self.generation is not None:
             self.slots.refill(self.config.min_np - len(live), self.hosts)
+        if self.generation is not None:
+            self.slots.refill_lost(budget, [h for h in self.hosts if h in self.agents])
         for host, agent in self.agents.items():
             if host in self.leaving_hosts:
                 continue

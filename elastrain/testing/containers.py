@@ -136,6 +136,18 @@ def framework_cluster(
         c.wait_deleted(name, timeout=90)
 
 
+def hold_with(path: Path) -> Callable[[bool], None]:
+    """The `hold` of `follow_scale_out_and_in` for an example run with ``--hold-file`` (its host path)."""
+
+    def hold(on: bool) -> None:
+        if on:
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
+
+    return hold
+
+
 def follow_scale_out_and_in(
     plane: ContainerPlane,
     c: Client,

@@ -35,7 +35,7 @@ def test_a_paused_worker_is_paused_not_exited_and_runs_again_when_unpaused(ccp: 
         _, reason = wait_until(
             lambda: (s := _state_of(ccp, worker))[0] == "Paused" and s, 30, "the worker to be Paused"
         )
-        assert "paused" in reason and "exited" not in reason, reason
+        assert reason.startswith("paused (frozen)") and "the container exited" not in reason, reason
     finally:
         podman("unpause", container, check=False)
     wait_until(lambda: _state_of(ccp, worker)[0] == "Running", 30, "the worker to be Running again")

@@ -20,6 +20,7 @@ from elastrain.testing.containers import (
     ContainerPlane,
     follow_scale_out_and_in,
     framework_cluster,
+    hold_with,
     shared_storage,
 )
 
@@ -89,15 +90,25 @@ def test_zero2_job_grows_and_shrinks_with_the_cluster(
 ) -> None:
     """A ZeRO-2 job under `elastrain run --mode restart` on the hostfile follows scale 2 -> 4 -> 2:
     it resumes at each new data-parallel size from a universal checkpoint, every sample once."""
-    samples = data / "elastic"
+    samples, hold_file = data / "elastic", data / "hold"
+    # held from each resize to its first step at the new size (as the Megatron test): on a loaded
+    # machine the job could otherwise end before a resize took effect
     command = (
         "elastrain run --mode restart --min-np 2 --max-np 4 --hostfile /etc/mpi/hostfile "
         f"python {EXAMPLES}/deepspeed_train.py --deepspeed_config {EXAMPLES}/ds_zero2.json "
-        f"--epochs {EPOCHS} --checkpoint-dir /data/ckpt --sample-log /data/elastic --step-sleep 0.1"
+        f"--epochs {EPOCHS} --checkpoint-dir /data/ckpt --sample-log /data/elastic --step-sleep 0.1 "
+        "--hold-file /data/hold"
     )
     job = cluster.submit_job(CLUSTER, command.split())
     done, log = follow_scale_out_and_in(
-        ccp, cluster, CLUSTER, job["id"], lambda world: _steps_at(samples, world), (2, 4), "deepspeed ZeRO-2"
+        ccp,
+        cluster,
+        CLUSTER,
+        job["id"],
+        lambda world: _steps_at(samples, world),
+        (2, 4),
+        "deepspeed ZeRO-2",
+        hold_with(hold_file),
     )
     assert (done["status"], done["exit_code"]) == ("Succeeded", 0), log[-4000:]
     resumes = re.findall(r"resumed step=\d+ .* from dp=(\d) to dp=(\d) universal=(\w+)", log)

@@ -21,6 +21,7 @@ from elastrain.testing.containers import (
     ContainerPlane,
     follow_scale_out_and_in,
     framework_cluster,
+    hold_with,
     shared_storage,
 )
 
@@ -81,12 +82,6 @@ def test_job_follows_scale_2_to_4_and_back(ccp: ContainerPlane, cluster: Client,
         "--hold-file /data/hold"
     )
 
-    def hold(on: bool) -> None:
-        if on:
-            hold_file.touch()
-        else:
-            hold_file.unlink(missing_ok=True)
-
     job = cluster.submit_job(CLUSTER, command.split())
     done, log = follow_scale_out_and_in(
         ccp,
@@ -96,7 +91,7 @@ def test_job_follows_scale_2_to_4_and_back(ccp: ContainerPlane, cluster: Client,
         lambda dp: _steps_at(samples, dp),
         (1, 2),
         "megatron (DP)",
-        hold,
+        hold_with(hold_file),
     )
     assert (done["status"], done["exit_code"]) == ("Succeeded", 0), log[-4000:]
     resumes = re.findall(r"resumed step=\d+ from dp=(\d) to dp=(\d)", log)

@@ -179,7 +179,10 @@ def test_a_killed_worker_is_a_horovod_internal_error_the_others_recover_from(hor
     assert out.count("collective failed") == 2 and "restoring the last commit" in out, out[-3000:]
     assert samples_seen(out) == (2, [SAMPLES] * 2, 0, 0, True), out[-2000:]
     report = build_report(job.ledger, SAMPLES)
-    assert [g["cause"] for g in report["generations"]] == ["start", "worker_failure"]
+    causes = [g["cause"] for g in report["generations"]]
+    # the killed worker's slot is taken back (its agent is still there): whether the replacement
+    # joins before the last epoch ends depends on the machine's speed
+    assert causes[:2] == ["start", "worker_failure"] and causes[2:] in ([], ["scale_out"]), causes
     assert_exactly_once(report, [1, 2])
     survivors = {m["worker_id"]: m["pid"] for m in first["members"] if m["worker_id"] != victim["worker_id"]}
     assert {m["worker_id"]: m["pid"] for m in after["members"]} == survivors

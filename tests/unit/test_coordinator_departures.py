@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from elastrain.rendezvous.api import Cause, WorkerState
 from elastrain.rendezvous.effects import Closed, Identity
-from elastrain.rendezvous.messages import Hello, JoinOutcome, Leave, PendingPush, Role, SpawnPush, StopPush
+from elastrain.rendezvous.messages import (
+    Heartbeat,
+    Hello,
+    JoinOutcome,
+    Leave,
+    PendingPush,
+    Role,
+    SpawnPush,
+    StopPush,
+)
 from tests.unit.test_coordinator_machine import Script, agent_peer
 
 
@@ -101,3 +110,44 @@ def test_a_lost_worker_killed_by_a_signal_does_not_fail_the_job() -> None:
     s.apply(Closed("w:h1#1", s.who("h1#1")))
     s.exited("h1#1", -9)
     assert s.machine.outcome is None and s.machine.pending == Cause.WORKER_FAILURE
+
+
+def test_a_job_that_lost_a_worker_takes_the_free_slot_back_and_grows_again() -> None:
+    s = Script({"h1": 2, "h2": 2}, min_np=2, max_np=4, initial_np=4, max_restarts=3)
+    for host in ("h1", "h2"):
+        s.agent(host)
+    s.running("h1#0", "h1#1", "h2#0", "h2#1")
+    s.exited("h2#1", -9)  # killed: its container (and agent) are still there
+    assert s.spawned("h2") == ["h2#0", "h2#1", "h2#1.1"]  # taken back at once, not left free
+    for wid in ("h1#0", "h1#1", "h2#0"):
+        s.join(wid, step=5)  # the survivors go on at 3 meanwhile
+    s.join("h2#1.1", step=-1)
+    assert s.machine.pending == Cause.SCALE_OUT
+    for wid in ("h1#0", "h1#1", "h2#0"):
+        s.join(wid, step=9)
+    generation = s.machine.generation
+    assert generation is not None and generation.world_size == 4
+    assert s.machine.slots.restarts == 1
+
+
+def test_a_slot_lost_to_missed_heartbeats_is_not_refilled() -> None:
+    """A hung worker (a frozen container) may still hold its slot (its GPU): nothing is spawned beside it."""
+    s = Script({"h1": 2}, min_np=1, max_np=2, initial_np=2, heartbeat_timeout_s=10.0)
+    s.agent("h1")
+    s.running("h1#0", "h1#1")
+    for _ in range(11):
+        s.clock.advance(1.0)
+        s.send("w:h1#0", s.who("h1#0"), Heartbeat())
+        s.tick()
+    assert s.state("h1#1") == WorkerState.DEAD
+    assert s.spawned("h1") == ["h1#0", "h1#1"]
+
+
+def test_a_lost_slot_on_a_host_without_its_agent_is_not_refilled() -> None:
+    s = Script({"h1": 1, "h2": 1}, min_np=1, max_np=2, initial_np=2)
+    s.agent("h1")
+    s.agent("h2")
+    s.running("h1#0", "h2#0")
+    s.apply(Closed(agent_peer("h2"), Identity(Role.AGENT, "h2")))  # the container went away
+    s.apply(Closed("w:h2#0", s.who("h2#0")))
+    assert s.spawned("h2") == ["h2#0"] and s.machine.slots.restarts == 0
