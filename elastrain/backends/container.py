@@ -54,7 +54,7 @@ from elastrain.backends.filemodes import open_private_append, private_dir, tenan
 from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
 from elastrain.backends.podmanctl import exec_argv, podman, podman_json, podman_log_tail
-from elastrain.backends.procs import cmdline
+from elastrain.backends.procs import cmdline, niced
 from elastrain.backends.tenant_files import LOG_LIMIT
 from elastrain.backends.usage import ContainerUsage, cgroup_usage
 from elastrain.hostfile import atomic_write_text
@@ -194,7 +194,8 @@ class ContainerBackend(Backend):
         lab_token = cluster_lab_token(self.cluster_dir(spec.cluster)) if spec.role == "launcher" else ""
         # the secrets are named in argv, their values in podman's environment (argv shows in `ps`)
         env = secret_env(run_env(spec, secret, lab_token))
-        podman(*self._run_args(spec, secret, lab_token), timeout=180, env=env)
+        # niced: the container's processes run below the server (TENANT_NICE), as on the process backend
+        podman(*self._run_args(spec, secret, lab_token), timeout=180, env=env, nice=True)
         self._refresh_hosts(spec.cluster)
         status = self._inspect(spec.name)
         return status or ContainerStatus(spec.cluster, spec.name, None, False, False, spec.address)
@@ -324,7 +325,7 @@ class ContainerBackend(Backend):
     ) -> subprocess.Popen[bytes]:
         """Run `command` in the container as the tenant (``podman exec``); output to a pipe or `log_path`.
         Tokens in ``spec.env`` reach podman through its environment, never its argv."""
-        argv = [*self._exec_prefix(spec, spec.env, tty=False), *command]
+        argv = niced([*self._exec_prefix(spec, spec.env, tty=False), *command])  # below the server
         env = {**os.environ, **secret_env(spec.env)}
         if log_path is None:
             return subprocess.Popen(

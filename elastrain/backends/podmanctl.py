@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from elastrain.backends.procs import niced
 from elastrain.errors import ElastrainError
 
 RUNTIME = "runc"
@@ -50,9 +51,12 @@ def podman(
     check: bool = True,
     input_text: str | None = None,
     env: Mapping[str, str] | None = None,
+    nice: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``podman --runtime runc ARGS`` (with `env` added to its environment: the values of
-    ``--env KEY`` flags, kept out of argv); raises `PodmanError` (podman's message) when it fails."""
+    ``--env KEY`` flags, kept out of argv); raises `PodmanError` (podman's message) when it fails.
+    `nice`: run it `TENANT_NICE` levels down, so that what it starts (``podman run``: conmon, the
+    container's init and every process in it) runs there too (a nice value is inherited)."""
     exe = podman_path()
     if exe is None:
         raise PodmanError(
@@ -60,8 +64,9 @@ def podman(
             "with --backend process"
         )
     try:
+        argv = [exe, "--runtime", RUNTIME, *args]
         done = subprocess.run(
-            [exe, "--runtime", RUNTIME, *args],
+            niced(argv) if nice else argv,
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from elastrain.backends.api import Mount
-from elastrain.db.models import Framework, RestartPolicy
+from elastrain.db.models import Cluster, Framework, RestartPolicy, User
 from elastrain.server import schemas
 from elastrain.server.errors import Conflict, FieldErrors, InvalidRequest, checked
 from elastrain.server.validation import (
@@ -72,6 +72,34 @@ def _bounds(found: FieldErrors, req: schemas.ClusterCreate) -> tuple[int, int] |
     )
 
 
+RESERVED_NAMES = frozenset({"new"})
+"""Cluster names nobody gets (``/clusters/new`` is the portal's create page)."""
+
+
+def check_name_free(name: str, holder: Cluster | None, user: User) -> None:
+    """Refuse (409) a cluster name in use or reserved. Names are unique on the server (not per user),
+    so the caller learns that a name is unavailable; the refusal does not say whether another user
+    holds it or it is reserved (only the caller's own clusters are named as such)."""
+    if holder is not None and holder.owner_id == user.id:
+        raise Conflict(f"you already have a cluster named {name!r}; pick another name")
+    if holder is not None or name in RESERVED_NAMES:
+        raise Conflict(f"cluster name {name!r} is not available; pick another name")
+
+
+MIN_CPUS = 0.01
+"""The smallest CPU limit podman (the container runtime) can honour; 0 means no limit."""
+
+
+def check_cpus(cpus: float) -> None:
+    """A CPU limit the runtime can honour: 0 (none) or at least `MIN_CPUS` (a smaller one was accepted,
+    then ``podman run`` failed on every retry and the cluster never started)."""
+    if 0 < cpus < MIN_CPUS:
+        raise InvalidRequest(
+            f"cpus {cpus:g} is below the smallest limit the runtime honours ({MIN_CPUS:g}); "
+            f"ask for at least {MIN_CPUS:g} cores, or 0 for no limit"
+        )
+
+
 def _check_fields(
     found: FieldErrors, req: schemas.ClusterCreate
 ) -> tuple[Framework | None, tuple[int, int] | None, int | None, int | None, RestartPolicy | None]:
@@ -84,6 +112,7 @@ def _check_fields(
     shm = found.check("body.shm", parse_size, req.shm)
     memory = found.check("body.memory", parse_size, req.memory) if req.memory else 0
     policy = found.check("body.restart_policy", check_restart_policy, req.restart_policy)
+    found.check("body.cpus", check_cpus, req.cpus)
     specs = [found.check(f"body.mounts.{i}", check_mount_format, spec) for i, spec in enumerate(req.mounts)]
     if shm is not None and memory and shm > memory:
         found.add(

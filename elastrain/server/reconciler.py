@@ -45,6 +45,7 @@ from elastrain.server.policy import (
 from elastrain.server.reconcile_errors import StepFailures
 from elastrain.server.reconcile_isolation import STEP_DEADLINE_S, ClusterSteps, with_degraded
 from elastrain.server.scheduler_step import ClusterScheduler
+from elastrain.server.start_backoff import StartBackoff
 from elastrain.server.validation import check_mount_unchanged
 
 log = logging.getLogger("elastrain.reconciler")
@@ -161,6 +162,7 @@ class Reconciler:
         self.scheduler = scheduler
         self.idle = idle  # releases idle clusters' workers (None: never)
         self.failures = StepFailures(db, ACTOR)
+        self.start_backoff = StartBackoff()  # refused starts wait, doubling (per cluster)
         self.stats = ReconcileStats()  # pass durations and failures, for /metrics
         self.steps = ClusterSteps(step_deadline_s, wake=self.wake)
         self.hostfiles = HostfileSync(db, backend, self.steps, self.stats, self.failures)
@@ -392,15 +394,26 @@ class Reconciler:
 
     def _start(self, session: Session, cluster: Cluster, row: Container) -> None:
         """Start the container; a backend that refuses (podman failing, image gone) or a mount source that
-        a link now redirects fails the row with its message instead of failing every later pass."""
+        a link now redirects fails the row with its message instead of failing every later pass, and
+        the cluster's next start waits (`StartBackoff`: doubling, at most 5 minutes); meanwhile the
+        row stays Pending with the reason."""
+        waiting = self.start_backoff.waiting(cluster.uid)
+        if waiting is not None:
+            reason = f"waiting before it starts again (backoff); the last start was refused: {waiting[1]}"
+            if row.reason != reason:
+                row.reason = reason
+            return
         try:
             spec = container_spec(cluster, row, self.inventory.real)
             for mount in spec.mounts:
                 check_mount_unchanged(mount)
             row.pid = self.backend.create_container(spec).pid
+            self.start_backoff.started(cluster.uid)
         except ElastrainError as exc:
-            log.warning("cannot start container %s/%s: %s", cluster.name, row.name, exc)
-            row.state, row.reason = ContainerState.Failed, f"the backend could not start it: {exc}"
+            count, delay = self.start_backoff.refused(cluster.uid, str(exc))
+            log.warning("cannot start container %s/%s (%d in a row): %s", cluster.name, row.name, count, exc)
+            row.state = ContainerState.Failed
+            row.reason = f"the backend could not start it ({count} in a row; next try in {delay:g} s): {exc}"
             add_event(
                 session,
                 ACTOR,

@@ -69,9 +69,9 @@ def create_cluster(
     """Create a cluster; its containers start within seconds (watch `state`). `Location` is its URL.
 
     422 names every bad field at once; then what this node refuses: 403, over quota or a mount source
-    outside the allowed roots (--allow-mount) or of the server's own state; 409, the name is taken,
-    more GPUs than the node has, a `gpu_type` the node has no GPU of (GET /api/v1/inventory lists
-    them) or none free of, or a mount source that does not exist on the server."""
+    outside the allowed roots (--allow-mount) or of the server's own state; 409, the name is in use
+    (or reserved), more GPUs than the node has, a `gpu_type` the node has no GPU of (GET
+    /api/v1/inventory lists them) or none free of, or a mount source that does not exist on the server."""
     out = services.create_cluster(user, req)
     response.headers["Location"] = location("clusters", out.name)
     return out

@@ -115,11 +115,12 @@ def list_tokens(services: ServicesDep, name: str, user: CurrentUser) -> list[sch
 @router.delete(
     "/users/{name}/tokens/{token_id}",
     response_model=schemas.TokenOut,
-    responses=errors(401, 404, 422),
+    responses=errors(401, 404, 409, 422),
     tags=["users"],
 )
 def revoke_token(services: ServicesDep, name: str, token_id: TokenId, user: CurrentUser) -> schemas.TokenOut:
-    """Revoke a token at once: every later request with it answers 401."""
+    """Revoke a token at once: every later request with it answers 401. 409: it is the last active
+    token of any admin (create another first)."""
     return accounts.revoke_token(services.db, user, name, token_id)
 
 

@@ -37,7 +37,7 @@ from elastrain.server import quotas, schemas, tokens
 from elastrain.server.access_log import note_user
 from elastrain.server.bounded import BoundedCalls
 from elastrain.server.cluster_views import cluster_out
-from elastrain.server.create_checks import check_cluster_create
+from elastrain.server.create_checks import check_cluster_create, check_name_free
 from elastrain.server.errors import ApiError, Conflict, Forbidden, NotFound, checked
 from elastrain.server.exec_service import ExecService
 from elastrain.server.gpu_types import free_of_type
@@ -168,8 +168,7 @@ class Services:
         shm, memory, policy, mounts, image = valid.shm, valid.memory, valid.policy, valid.mounts, valid.image
         with self.db.session() as session:
             quotas.lock_owner(session, user.id)  # first: the name and quota checks see every commit
-            if cluster_by_name(session, req.name) is not None:
-                raise Conflict(f"cluster name {req.name!r} is taken; pick another name")
+            check_name_free(req.name, cluster_by_name(session, req.name), user)
             quotas.check_create(
                 session, user, req.containers, high, req.gpus_per_container, self.quota_defaults
             )

@@ -21,6 +21,7 @@ from elastrain.server.tokens import (
     checked_expiry,
     iso,
     token_out,
+    token_state,
 )
 
 
@@ -105,14 +106,29 @@ def list_tokens(db: Database, actor: User, name: str) -> list[schemas.TokenOut]:
         return [token_out(row, now) for row in rows]
 
 
+def _active_admin_tokens(session: Session, now: datetime) -> int:
+    query = select(func.count()).select_from(ApiToken).join(User, User.id == ApiToken.user_id)
+    query = query.where(User.is_admin.is_(True), ApiToken.revoked_at.is_(None))
+    return int(
+        session.scalar(query.where(or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now))) or 0
+    )
+
+
 def revoke_token(db: Database, actor: User, name: str, token_id: int) -> schemas.TokenOut:
-    """Revoke token `token_id` of user `name` (at once: the next request with it gets 401); idempotent."""
+    """Revoke token `token_id` of user `name` (at once: the next request with it gets 401); idempotent.
+    The last active token of any admin is refused (409): nobody could administer the server after it."""
     now = utcnow()
     with db.session() as session:
         target = _target(session, actor, name)
         row = session.get(ApiToken, token_id)
         if row is None or row.user_id != target.id:
             raise NotFound(f"token {token_id} not found for user {name} (elastrain user token list {name})")
+        if target.is_admin and token_state(row, now) == "active" and _active_admin_tokens(session, now) <= 1:
+            raise Conflict(
+                f"token {token_id} is the last active admin token: revoking it would leave nobody able to "
+                f"administer this server; create another first (elastrain user token create {name}), "
+                "then revoke this one"
+            )
         if row.revoked_at is None:
             row.revoked_at = now
             add_event(

@@ -19,7 +19,7 @@ function fieldOfLoc(loc) {
 /** Which form field an API error message is about (null: show it above the form). */
 function fieldFor(message) {
   const m = message.toLowerCase();
-  if (/cluster name|name:|is taken|dns label/.test(m)) return "name";
+  if (/cluster name|name:|is taken|not available|cluster named|dns label/.test(m)) return "name";
   if (/framework/.test(m)) return "framework";
   if (/gpu_type| gpu\(s\) needed/.test(m)) return "gpu-type";
   if (/min_containers/.test(m)) return "min-containers";

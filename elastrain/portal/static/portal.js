@@ -19,6 +19,20 @@ const Portal = (() => {
   function setToken(value) { sessionStorage.setItem(KEY, value); }
   function signOut() { sessionStorage.removeItem(KEY); location.assign("/signin"); }
 
+  /** Where to go after signing in: `next` only when it is a path of this origin, else "/". A
+   *  backslash, a control character or a second leading slash could make the browser leave this
+   *  origin (`/\\evil`, `/%09/evil` and `//evil` all mean evil's host to it), so those are refused before
+   *  the URL is resolved, and the resolved URL must still be of this origin. */
+  function safeNext(next) {
+    if (typeof next !== "string" || !/^\/(?![\/\\])[^\\\x00-\x20\x7f]*$/.test(next)) return "/";
+    try {
+      const url = new URL(next, location.origin);
+      return url.origin === location.origin ? url.pathname + url.search + url.hash : "/";
+    } catch (err) {
+      return "/";
+    }
+  }
+
   function toSignIn() {
     const next = location.pathname + location.search;
     location.assign("/signin?next=" + encodeURIComponent(next));
@@ -144,7 +158,7 @@ const Portal = (() => {
   }
 
   document.addEventListener("DOMContentLoaded", init);
-  return { api, ApiError, framework, token, setToken, signOut, el, stateBadge, age, time, dateTime, poll,
+  return { api, ApiError, framework, token, setToken, signOut, safeNext, el, stateBadge, age, time, dateTime, poll,
            showError, fieldError };
 })();
 

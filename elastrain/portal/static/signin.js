@@ -17,6 +17,6 @@ document.addEventListener("DOMContentLoaded", () => {
     }
     Portal.setToken(value);
     const next = new URLSearchParams(location.search).get("next");
-    location.assign(next && next.startsWith("/") && !next.startsWith("//") ? next : "/clusters");
+    location.assign(next ? Portal.safeNext(next) : "/clusters");
   });
 });
