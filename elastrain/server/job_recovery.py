@@ -26,6 +26,8 @@ import socket
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
+from elastrain.db.models import Cluster, ClusterState, Container, ContainerState, RestartPolicy
+
 COORDINATOR_PORT_ENV = "ELASTRAIN_COORDINATOR_PORT"  # `elastrain run --coordinator-port`'s default
 COORDINATOR_HOST_ENV = "ELASTRAIN_COORDINATOR_HOST"  # read by launcher.slurm.coordinator_host
 JOB_TOKEN_ENV = "ELASTRAIN_JOB_TOKEN"  # the token agents and workers present to the coordinator
@@ -33,6 +35,9 @@ COORDINATOR_PORTS = range(29400, 29900)
 """Where the platform puts a submitted ``elastrain run`` job's coordinator (a fixed port per job, so
 a replacement launcher listens where the running agents reconnect)."""
 DEFAULT_MAX_PLATFORM_RESTARTS = 3
+LAUNCHER_GRACE_S = 10.0
+"""How long a submitted job's command may be gone, without an exit code, while its launcher still looks
+Running with the same pid, before the job is Failed (the reconciler sees a dead launcher within a pass)."""
 
 
 class Cause(str, enum.Enum):
@@ -76,6 +81,30 @@ class Launcher(str, enum.Enum):
     replaced = "replaced"  # it died; its replacement is Running
     coming = "coming"  # it died (or is not seen dead yet); a replacement is on its way
     gone = "gone"  # it died and none will come (the cluster is being deleted, restart policy Never)
+
+
+def launcher_seen(
+    launcher_pid_then: int | None,
+    cluster: Cluster | None,
+    launcher: Container | None,
+    exit_code: int | None,
+    gone_for_s: float,
+) -> Launcher:
+    """What became of the launcher (pid `launcher_pid_then`; None: a job typed in a terminal, never
+    started again) a job's command ran in, the command gone for `gone_for_s` with `exit_code`. A launcher
+    still shown Running with the same pid is given `LAUNCHER_GRACE_S` for the reconciler to see it die."""
+    if cluster is None or cluster.state == ClusterState.Terminating:
+        return Launcher.gone
+    if launcher_pid_then is None or exit_code is not None:
+        return Launcher.same
+    if launcher is not None and launcher.state == ContainerState.Running:
+        if launcher.pid != launcher_pid_then:
+            return Launcher.replaced
+        return Launcher.coming if gone_for_s < LAUNCHER_GRACE_S else Launcher.same
+    failed = launcher is not None and launcher.state == ContainerState.Failed
+    if failed and cluster.restart_policy == RestartPolicy.Never:
+        return Launcher.gone
+    return Launcher.coming
 
 
 def judge(exit_code: int | None, launcher: Launcher, attempts: Attempts) -> Verdict:

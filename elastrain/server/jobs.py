@@ -33,7 +33,6 @@ from elastrain.backends.tenant_files import LOG_LIMIT
 from elastrain.contracts.env import ReportEnv
 from elastrain.db.models import (
     Cluster,
-    ClusterState,
     Container,
     ContainerState,
     Event,
@@ -41,7 +40,6 @@ from elastrain.db.models import (
     Job,
     JobMetric,
     JobStatus,
-    RestartPolicy,
     User,
     utcnow,
 )
@@ -72,9 +70,6 @@ from elastrain.server.tenant_limits import DEFAULT_MAX_RUNNING_JOBS, DEFAULT_REP
 
 TENSORBOARD_DIR_ENV = "ELASTRAIN_TENSORBOARD_DIR"  # read by `elastrain run` and `elastrain.report`
 log = logging.getLogger(__name__)
-LAUNCHER_GRACE_S = 10.0
-"""How long a submitted job's command may be gone, without an exit code, while its launcher still looks
-Running with the same pid, before the job is Failed (the reconciler sees a dead launcher within a pass)."""
 ACTOR = "reconciler"  # who restarts jobs, in their events
 JOB_EVENTS = "job."
 """The prefix of every job event's action (`EventAction.job_submitted`, ...): a job's trail."""
@@ -405,7 +400,8 @@ class JobService:
                 exit_code = self.files.exit_code(cluster, job.id, Path(job.log_path).with_suffix(".exit"))
                 row = session.get(Cluster, job.cluster_id)
                 launcher = launcher_of(row) if row is not None else None
-                seen = self._launcher_seen(job, row, launcher, exit_code)
+                gone_for = 0.0 if exit_code is not None else self._gone_for(job.id)
+                seen = recovery.launcher_seen(job.launcher_pid, row, launcher, exit_code, gone_for)
                 attempts = recovery.Attempts(
                     job.platform_restarts or 0,
                     job.max_platform_restarts or 0,
@@ -429,32 +425,9 @@ class JobService:
         self.files.end_poll()
         return changed
 
-    def _launcher_seen(
-        self, job: Job, cluster: Cluster | None, launcher: Container | None, exit_code: int | None
-    ) -> recovery.Launcher:
-        """What became of the launcher `job`'s command ran in. Only submitted jobs (they know their
-        launcher's pid) are started again; a launcher still shown Running with the same pid after the
-        command died without an exit code is given `LAUNCHER_GRACE_S` for the reconciler to see it die."""
-        if cluster is None or cluster.state == ClusterState.Terminating:
-            return recovery.Launcher.gone
-        if job.launcher_pid is None or exit_code is not None:
-            return recovery.Launcher.same
-        if launcher is not None and launcher.state == ContainerState.Running:
-            if launcher.pid != job.launcher_pid:
-                return recovery.Launcher.replaced
-            first = self._gone_since.setdefault(job.id, time.monotonic())
-            return (
-                recovery.Launcher.coming
-                if time.monotonic() - first < LAUNCHER_GRACE_S
-                else recovery.Launcher.same
-            )
-        if (
-            launcher is not None
-            and launcher.state == ContainerState.Failed
-            and cluster.restart_policy == RestartPolicy.Never
-        ):
-            return recovery.Launcher.gone
-        return recovery.Launcher.coming
+    def _gone_for(self, job_id: int) -> float:
+        """Seconds since this server first saw job `job_id`'s command gone."""
+        return time.monotonic() - self._gone_since.setdefault(job_id, time.monotonic())
 
     def _restart(
         self, session: Session, cluster: Cluster, launcher: Container, job: Job, verdict: recovery.Verdict

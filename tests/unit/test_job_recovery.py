@@ -101,3 +101,26 @@ def test_the_coordinator_port_default_comes_from_the_environment() -> None:
     assert port_from_env("") == 0 and port_from_env("29401") == 29401
     with pytest.raises(ElastrainError, match="ELASTRAIN_COORDINATOR_PORT='x' is not a port number"):
         port_from_env("x")
+
+
+def test_what_became_of_the_launcher_a_command_ran_in() -> None:
+    from elastrain.db.models import Cluster, ClusterState, Container, ContainerState, RestartPolicy
+    from elastrain.server.job_recovery import LAUNCHER_GRACE_S, launcher_seen
+
+    cluster = Cluster(name="c", state=ClusterState.Running, restart_policy=RestartPolicy.Always)
+    same = Container(name="c-launcher", state=ContainerState.Running, pid=100)
+    new = Container(name="c-launcher", state=ContainerState.Running, pid=200)
+    failed = Container(name="c-launcher", state=ContainerState.Failed, pid=100)
+    assert launcher_seen(100, cluster, new, None, 0.0) == Launcher.replaced
+    assert launcher_seen(100, cluster, failed, None, 0.0) == Launcher.coming
+    assert launcher_seen(100, cluster, None, None, 0.0) == Launcher.coming  # removed, not yet replaced
+    # the launcher looks alive with the same pid: the reconciler gets the grace to see it die
+    assert launcher_seen(100, cluster, same, None, 1.0) == Launcher.coming
+    assert launcher_seen(100, cluster, same, None, LAUNCHER_GRACE_S + 1) == Launcher.same
+    assert launcher_seen(100, cluster, new, 0, 0.0) == Launcher.same  # an exit code: the command's own end
+    assert launcher_seen(None, cluster, new, None, 0.0) == Launcher.same  # typed in a terminal: never again
+    assert launcher_seen(100, None, None, None, 0.0) == Launcher.gone
+    cluster.restart_policy = RestartPolicy.Never
+    assert launcher_seen(100, cluster, failed, None, 0.0) == Launcher.gone
+    cluster.state = ClusterState.Terminating
+    assert launcher_seen(100, cluster, new, None, 0.0) == Launcher.gone
