@@ -121,7 +121,10 @@ class GenerationMachine:
 
     def _maybe_adopt(self) -> bool:
         """A restarted coordinator: adopt the running generation. True while still waiting for it."""
-        reports = [w.rejoin for w in self.workers.values() if w.rejoin and w.state == WorkerState.STARTING]
+        # a worker that lost its peers with the coordinator (the launcher's container, and the worker in
+        # it, died) asks to join at once on reconnecting: it reports its generation all the same
+        candidates = (WorkerState.STARTING, WorkerState.WAITING)
+        reports = [w.rejoin for w in self.workers.values() if w.rejoin and w.state in candidates]
         generation = newest_generation(reports)
         in_grace = self.clock.monotonic() - self._started_at < self.config.adopt_grace_s
         if generation is None:
@@ -129,10 +132,9 @@ class GenerationMachine:
         present = {
             w.worker_id
             for w in self.workers.values()
-            if w.rejoin
-            and w.state == WorkerState.STARTING
-            and w.rejoin.generation.number == generation.number
+            if w.rejoin and w.state in candidates and w.rejoin.generation.number == generation.number
         }
+        stopped = {wid for wid in present if self.workers[wid].state == WorkerState.WAITING}
         missing = missing_members(generation, present)
         if missing and in_grace:
             return True
@@ -144,7 +146,10 @@ class GenerationMachine:
                 worker = WorkerRecord(member.worker_id, member.host, 0, last_seen=self.clock.monotonic())
                 self.workers[member.worker_id] = worker
             worker.rejoin = None
-            worker.state = WorkerState.ACTIVE if member.worker_id in present else WorkerState.DEAD
+            if member.worker_id not in present:
+                worker.state = WorkerState.DEAD
+            else:  # already waiting for the next generation: a member that stopped, with its join kept
+                worker.state = WorkerState.STOPPED if member.worker_id in stopped else WorkerState.ACTIVE
         now = self.clock.time()
         self.incidents.add(
             Incident(
@@ -165,7 +170,7 @@ class GenerationMachine:
             len(present),
             len(missing),
         )
-        if missing:
+        if missing or stopped:
             self._request_generation(Cause.COORDINATOR_RESTART)
         return False
 

@@ -487,6 +487,26 @@ def test_adopt_after_the_grace_without_the_missing_member() -> None:
     assert "h2" in started(s)  # past the grace, the host without an agent gets one
 
 
+def test_workers_that_lost_their_peers_with_the_coordinator_are_adopted_into_the_next_generation() -> None:
+    """The launcher's container died with a worker in it: the survivors' collective failed, they asked
+    to join and reconnect to the replacement coordinator still asking. Their generation is adopted and
+    the next one numbered after it, from their committed step (not a new first generation at step 0)."""
+    s = Script({"h1": 1, "h2": 1}, min_np=1, max_np=2, initial_np=2, adopt=True, adopt_grace_s=5.0)
+    s.agent("h1")
+    s.hello("h1#0", rejoin=Rejoin(_running_generation(), 41))
+    s.join("h1#0", 45)  # the join it was waiting in, sent again on the new connection
+    s.tick(6.0)
+    adopted = s.machine.generation
+    assert adopted is not None and adopted.number == 3 and s.state("h1#0") == WorkerState.STOPPED
+    s.tick(1.0)
+    formed = s.machine.generation
+    assert formed is not None and formed.number == 4 and formed.cause == Cause.COORDINATOR_RESTART
+    assert [(m.worker_id, m.committed_step) for m in formed.members] == [("h1#0", 45)]
+    record = s.records(EventKind.GENERATION)[-1]
+    assert (record["generation"], record["start_step"]) == (4, 45)
+    assert s.records(EventKind.ADOPTED)[0]["missing"] == ["h2#0"]
+
+
 def test_a_rejoin_to_the_same_coordinator_on_a_new_connection_is_fenced() -> None:
     s = Script({"h1": 2}, min_np=1, max_np=2, initial_np=2)
     s.agent("h1")
