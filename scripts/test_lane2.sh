@@ -3,7 +3,8 @@
 # timing out, Slurm scheduling, a browser rendering), so LANE2_SHARDS pytest processes (default 2) run
 # at once, each a balanced share of whole test modules (tests/sharding.py): first its share of
 # REST_TESTS, then its share of the FAST_TESTS marked LANE2_RUN. The tests marked `serial` (they measure
-# latencies) run last, alone. Each share's output is printed when it ends; any failure fails the lane.
+# latencies) run last, alone, then the leave-nothing check. Each share's output is printed when it ends;
+# any failure fails the lane.
 #
 # The framework images are built first, one after the other (with podman; a no-op when cached): a
 # share's test would otherwise wait, inside its own timeout, for the other share's build.
@@ -19,6 +20,9 @@ read -r -a rest <<<"$REST_TESTS"
 read -r -a fast <<<"$FAST_TESTS"
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
+# the leave-nothing check: what exists now is not the lane's; what is new and still there at the end
+# (elastrain-* containers, networks and temp dirs, processes of the run) fails the lane
+"${pytest[0]}" -m elastrain.testing.leftovers mark "$logs/before.json"
 
 record() {  # record <name>: the --record-durations option for this run, when asked for
     [ -n "${LANE2_DURATIONS_DIR:-}" ] && echo "--record-durations=$LANE2_DURATIONS_DIR/$1.json"
@@ -55,4 +59,6 @@ for k in $(seq 1 "$shards"); do
 done
 echo "== serial (alone): -m serial ${rest[*]} ${fast[*]}"
 "${pytest[@]}" -p tests.sharding $(record serial) -m serial "${rest[@]}" "${fast[@]}" || [ $? = 5 ] || status=1
+echo "== leave-nothing check"
+"${pytest[0]}" -m elastrain.testing.leftovers check "$logs/before.json" || status=1
 exit $status
