@@ -26,8 +26,9 @@ def start_server(
     db_url: str | None = None,
 ) -> Iterator[Server]:
     """`elastrain server` on the process backend with its data under `root` (log: root/server.log),
-    mounts allowed below `root`, no GPUs. Yields once it answers /healthz; stopped (SIGTERM, then
-    SIGKILL) on exit. `env`: the server's environment (default: this one less ELASTRAIN_MAX_BODY_BYTES);
+    mounts allowed below `root`, no GPUs. Yields once it answers /healthz; on exit every cluster left
+    is deleted, the server stopped (SIGTERM, then SIGKILL) and a leftover container init killed by
+    PID. `env`: the server's environment (default: this one less ELASTRAIN_MAX_BODY_BYTES);
     `db_url`: its database (default: SQLite in its data dir)."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "ELASTRAIN_MAX_BODY_BYTES"}
@@ -46,7 +47,7 @@ def start_server(
         server.start()
         yield server
     finally:
-        server.terminate(timeout=20)
+        server.stop()  # its clusters deleted (their processes stopped), the server stopped, by PID
 
 
 def new_user(server: Server, name: str, **extra: object) -> str:
