@@ -8,6 +8,7 @@ the reason (`make portal-deps` installs both). The server is the integration tes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -85,16 +86,22 @@ def browser() -> Iterator[Any]:
         kill_pids(p for p in set(_descendants(os.getpid())) - before if _is_browser_process(p))
 
 
-@pytest.fixture(scope="module")
-def server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A real control plane for the module's tests; its clusters are deleted and it is stopped by PID."""
-    plane = ControlPlane(tmp_path_factory.mktemp("portal"))
+@contextlib.contextmanager
+def started(plane: ControlPlane) -> Iterator[ControlPlane]:
+    """`plane` started; at the end its clusters are deleted, their files removed, and it is stopped by PID."""
     plane.start()
     try:
         yield plane
     finally:
         plane.cleanup()
         shutil.rmtree(plane.root / "data" / "clusters", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A real control plane for the module's tests; its clusters are deleted and it is stopped by PID."""
+    with started(ControlPlane(tmp_path_factory.mktemp("portal"))) as plane:
+        yield plane
 
 
 @pytest.fixture(scope="module")

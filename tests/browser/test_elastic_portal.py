@@ -12,7 +12,6 @@ page gives the reason, the events read as sentences, and the job goes on with 2 
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import pytest
 
 from elastrain.testing.server import ControlPlane
 from elastrain.testing.waits import wait_until
-from tests.browser.conftest import sign_in
+from tests.browser.conftest import sign_in, started
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 RANGE = "--min-np 2 --max-np 4"
@@ -31,15 +30,11 @@ RANGE = "--min-np 2 --max-np 4"
 @pytest.fixture(scope="module")
 def elastic_server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A server of its own: 4 virtual GPUs, ``--scheduler elastic``; cleaned up and stopped by PID."""
-    plane = ControlPlane(
+    made = ControlPlane(
         tmp_path_factory.mktemp("portal-elastic"), gpus=4, extra_args=("--scheduler", "elastic")
     )
-    plane.start()
-    try:
+    with started(made) as plane:
         yield plane
-    finally:
-        plane.cleanup()
-        shutil.rmtree(plane.root / "data" / "clusters", ignore_errors=True)
 
 
 def _api(plane: ControlPlane, token: str) -> httpx.Client:

@@ -6,7 +6,6 @@ the type; asking for a model with none free is refused next to the GPU type fiel
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 
 from elastrain.testing.server import ControlPlane
 from elastrain.testing.waits import wait_until
-from tests.browser.conftest import sign_in
+from tests.browser.conftest import sign_in, started
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -23,13 +22,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 @pytest.fixture(scope="module")
 def typed_server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """Two A100s (ids 0-1) and two V100s (ids 2-3); cleaned up and stopped by PID."""
-    plane = ControlPlane(tmp_path_factory.mktemp("portal-gpu-types"), gpus="A100:2,V100:2")
-    plane.start()
-    try:
+    made = ControlPlane(tmp_path_factory.mktemp("portal-gpu-types"), gpus="A100:2,V100:2")
+    with started(made) as plane:
         yield plane
-    finally:
-        plane.cleanup()
-        shutil.rmtree(plane.root / "data" / "clusters", ignore_errors=True)
 
 
 def fill_form(page: Any, url: str, name: str, model_label: str) -> None:
