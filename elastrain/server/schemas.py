@@ -251,7 +251,14 @@ class ClusterCreate(Body):
         "(another is refused: 422); default: the framework's image",
     )
     memory: OptionalSize = Field(default="", description="memory limit per container, e.g. 4Gi ('': none)")
-    cpus: float = Field(default=0.0, ge=0, le=4096, description="CPU limit per container in cores")
+    cpus: float = Field(
+        default=0.0,
+        ge=0,
+        le=4096,
+        description="CPU limit per container in cores: 0 (no limit) or at least 0.01, the smallest the "
+        "container runtime honours (a value between: 422)",
+        json_schema_extra={"not": {"exclusiveMinimum": 0, "exclusiveMaximum": 0.01}},
+    )
     mounts: list[MountSpec] = Field(
         default_factory=list,
         max_length=16,
