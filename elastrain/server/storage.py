@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastrain.backends.filemodes import PRIVATE_DIR
-from elastrain.server.errors import Conflict, Forbidden, NotFound
+from elastrain.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from elastrain.server.validation import check_name
 
 DEFAULT_MAX_AREAS = 20
@@ -68,8 +68,12 @@ class StorageAreas:
         return [StorageArea(name, user_dir / name) for name in names]
 
     def get(self, user_id: int, name: str) -> StorageArea:
-        """`user_id`'s area `name`; 404 when they have none of that name (another user's alike)."""
-        check_name(name, "storage area name")
+        """`user_id`'s area `name`; 404 when they have none of that name (another user's alike, and a
+        name no area can have)."""
+        try:
+            check_name(name, "storage area name")
+        except InvalidRequest:
+            raise NotFound(f"storage area {name!r} not found (no area has such a name)") from None
         path = self._user_dir(user_id) / name
         if not path.is_dir() or path.is_symlink():
             raise NotFound(

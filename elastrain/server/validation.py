@@ -48,7 +48,7 @@ ARG_CONTROL = r"\x00-\x08\x0b-\x1f\x7f-\x9f"
 """The same less tab and newline, which a command argument may hold (a ``sh -c`` or ``python -c`` script)."""
 TEXT_PATTERN = f"^[^{CONTROL}]*$"
 ARG_PATTERN = f"^[^{ARG_CONTROL}]*$"
-MOUNT_PATTERN = f"^(/|storage:|dataset:)[^{CONTROL}]*:/[^:{CONTROL}]*$"
+MOUNT_PATTERN = f"^(/[^{CONTROL}]*|(storage|dataset):[a-z0-9]([a-z0-9-]{{0,61}}[a-z0-9])?):/[^:{CONTROL}]*$"
 """``SOURCE:TARGET``, both absolute (the format; where SOURCE may be is the server's to judge)."""
 _CONTROL_CHAR = re.compile(f"[{CONTROL}]")
 _ARG_CONTROL_CHAR = re.compile(f"[{ARG_CONTROL}]")

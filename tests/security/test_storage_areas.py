@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.security.test_tenant_files import running_cluster
 
 pytestmark = pytest.mark.timeout(900)
 
+HOST_PYTHON = "/usr/bin/python3"  # the tenant's uid may not reach the test's own interpreter
 SWAPPER = r"""
 import os, signal, sys
 area, decoy = sys.argv[1:3]
@@ -55,8 +55,9 @@ def swapping(area: Path, decoy: Path, uid: int) -> Iterator[list[int]]:
     """A process running as `uid` on the host that tries, over and over, to replace `area` by a link to
     `decoy` (the race of the report); on exit the list holds [tries, successful swaps]."""
     counts: list[int] = []
+    python = HOST_PYTHON if Path(HOST_PYTHON).exists() else pytest.skip(f"{HOST_PYTHON} is missing")
     proc = subprocess.Popen(
-        [sys.executable, "-c", SWAPPER, str(area), str(decoy)],
+        [python, "-I", "-c", SWAPPER, str(area), str(decoy)],
         user=uid,
         group=uid,
         cwd="/",
@@ -184,3 +185,23 @@ def test_the_owners_area_is_writable_by_her_uid_and_survives_the_cluster(
     _deleted(carol, "reader")
     assert carol.delete("/storage/work").status_code == 204
     assert not area.exists() and carol.get("/storage").json() == []
+
+
+@pytest.mark.attack
+def test_a_link_swap_race_on_the_process_backend(server: Server) -> None:
+    """The race of `test_a_link_swap_race_cannot_change_what_is_mounted` where there is no podman: the
+    process backend's container links /data to the area, and the swapper (a tenant's uid) never
+    redirects it."""
+    _need_root()
+    dave = server.http(new_user(server, "dave"))
+    assert dave.post("/storage", json={"name": "ckpt"}).status_code == 201
+    area = _area(server, "ckpt")
+    (area / "marker").write_text("dave's area\n")
+    with swapping(area, server.root / "data", TENANT_UID_BASE + 99) as counts:
+        running_cluster(dave, "prace", mounts=["storage:ckpt:/data"])
+    tries, swapped = counts
+    assert tries > 0 and swapped == 0
+    link = server.root / "data" / "clusters" / "prace" / "prace-launcher" / "data"
+    assert link.resolve() == area and (link / "marker").read_text() == "dave's area\n"
+    _deleted(dave, "prace")
+    assert (area / "marker").exists()
