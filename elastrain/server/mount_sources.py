@@ -3,7 +3,7 @@ admin declared (``dataset:NAME:/data``, read-only), and host paths (``/srv/x:/da
 
 A cluster's mounts are stored as records (``source``, ``target``, ``kind``, ``name``, ``read_only``):
 the API shows a storage or dataset mount by its name, never the server's path, and `check_storage_mounts`
-re-verifies each storage area when a container starts (`StorageAreas.verified_path`).
+re-verifies each storage area when a container starts (`check_stored_mounts`).
 """
 
 from __future__ import annotations
@@ -114,9 +114,12 @@ def mounted_areas(text: str | None) -> set[str]:
     return {m["name"] for m in json.loads(text or "[]") if m.get("kind") == STORAGE}
 
 
-def check_storage_mounts(text: str | None, owner_uid: int | None) -> None:
+def check_stored_mounts(text: str | None, owner_uid: int | None, owner_is_admin: bool) -> None:
     """Before a container starts: each storage area it mounts still is a plain directory that only the
-    server can rename or replace (`verify_area_path`; 403 otherwise)."""
+    server can rename or replace (`verify_area_path`; 403 otherwise), and a host path is mounted only
+    for an admin (a tenant's cluster recorded by a server before storage areas is refused, 403)."""
     for record in json.loads(text or "[]"):
         if record.get("kind") == STORAGE:
             verify_area_path(Path(record["source"]), owner_uid)
+        elif record.get("kind", HOST) == HOST and not owner_is_admin:
+            raise Forbidden(f"mount {shown_mount(record)}: {HOST_PATHS_FOR_ADMINS} (recreate the cluster)")

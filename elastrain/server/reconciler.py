@@ -32,7 +32,7 @@ from elastrain.server.idle_release import IdleRelease
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.membership import JobHosts, JobMembership
 from elastrain.server.metrics_stats import ReconcileStats
-from elastrain.server.mount_sources import check_storage_mounts, stored_mounts
+from elastrain.server.mount_sources import check_stored_mounts, stored_mounts
 from elastrain.server.policy import (
     Action,
     ClusterView,
@@ -408,7 +408,9 @@ class Reconciler:
             for mount in spec.mounts:
                 check_mount_unchanged(mount)
             owner_uid = None if self.backend.translates_paths else spec.tenant_uid
-            check_storage_mounts(cluster.mounts, owner_uid)  # each area still only the server's to replace
+            check_stored_mounts(
+                cluster.mounts, owner_uid, cluster.owner.is_admin
+            )  # areas: the server's alone
             row.pid = self.backend.create_container(spec).pid
             self.start_backoff.started(cluster.uid)
         except ElastrainError as exc:

@@ -205,3 +205,16 @@ def test_a_link_swap_race_on_the_process_backend(server: Server) -> None:
     assert link.resolve() == area and (link / "marker").read_text() == "dave's area\n"
     _deleted(dave, "prace")
     assert (area / "marker").exists()
+
+
+def test_an_admins_dataset_is_mounted_read_only_by_name(tmp_path: Path) -> None:
+    mnist = tmp_path / "mnist"
+    mnist.mkdir()
+    with start_server(tmp_path / "server", ("--dataset", f"mnist={mnist}")) as running:
+        erin = running.http(new_user(running, "erin"))
+        body = {"name": "ds", "containers": 2, "mounts": ["dataset:mnist:/mnist"]}
+        made = erin.post("/clusters", json=body)
+        assert made.status_code == 201, made.text
+        assert made.json()["mounts"] == ["dataset:mnist:/mnist"]  # its name, not the host path
+        refused(erin.post("/clusters", json={**body, "name": "ds2", "mounts": ["dataset:nope:/x"]}), 404)
+        _deleted(erin, "ds")

@@ -3,6 +3,7 @@ the area, and the only mounts a non-admin may ask for (host paths: admins only).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,16 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from elastrain.backends.api import Mount
+from elastrain.db.models import User
 from elastrain.server.errors import Conflict, Forbidden
+from elastrain.server.mount_sources import (
+    MountSources,
+    check_stored_mounts,
+    parse_datasets,
+    shown_mount,
+    stored_mounts,
+)
 from elastrain.server.storage import StorageAreas, verify_area_path
 from elastrain.testing.app import AppUnderTest, make_app
 
@@ -116,3 +126,31 @@ def test_an_area_is_mounted_only_while_no_link_or_other_user_can_redirect_it(tmp
     (outer / "storage").symlink_to(tmp_path / "storage")  # a link above the area
     with pytest.raises(Forbidden, match="not a plain directory"):
         verify_area_path(outer / "storage" / "u1" / "data", None)
+
+
+def test_datasets_are_declared_by_the_admin_and_mounted_read_only(tmp_path: Path) -> None:
+    mnist = tmp_path / "mnist"
+    mnist.mkdir()
+    assert parse_datasets([f"mnist={mnist}"]) == {"mnist": mnist.resolve()}
+    for bad, why in (
+        ("mnist", "not NAME=HOSTPATH"),
+        ("Bad=/x", "not a DNS label"),
+        ("m=/nope", "not a directory"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            parse_datasets([bad])
+    sources = MountSources(None, {"mnist": mnist.resolve()})
+    tenant = User(id=5, name="t", is_admin=False)
+    mount = sources.resolve(tenant, "dataset:mnist:/mnist")
+    assert mount == Mount(str(mnist.resolve()), "/mnist", read_only=True)
+    record = sources.record("dataset:mnist:/mnist", mount)
+    assert shown_mount(record) == "dataset:mnist:/mnist" and stored_mounts(json.dumps([record])) == [mount]
+    with pytest.raises(Conflict, match="keeps no storage areas"):
+        sources.resolve(tenant, "storage:x:/data")
+
+
+def test_a_tenants_host_path_recorded_before_storage_areas_is_refused_at_start(tmp_path: Path) -> None:
+    old = json.dumps([{"source": str(tmp_path), "target": "/data"}])  # a row from before issue 29
+    with pytest.raises(Forbidden, match="admins only"):
+        check_stored_mounts(old, 20005, owner_is_admin=False)
+    check_stored_mounts(old, 20001, owner_is_admin=True)  # an admin's host path still starts
