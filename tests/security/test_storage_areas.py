@@ -194,11 +194,11 @@ def test_a_link_swap_race_on_the_process_backend(server: Server) -> None:
     redirects it."""
     _need_root()
     dave = server.http(new_user(server, "dave"))
-    assert dave.post("/storage", json={"name": "ckpt"}).status_code == 201
-    area = _area(server, "ckpt")
+    assert dave.post("/storage", json={"name": "dave-ckpt"}).status_code == 201
+    area = _area(server, "dave-ckpt")
     (area / "marker").write_text("dave's area\n")
     with swapping(area, server.root / "data", TENANT_UID_BASE + 99) as counts:
-        running_cluster(dave, "prace", mounts=["storage:ckpt:/data"])
+        running_cluster(dave, "prace", mounts=["storage:dave-ckpt:/data"])
     tries, swapped = counts
     assert tries > 0 and swapped == 0
     link = server.root / "data" / "clusters" / "prace" / "prace-launcher" / "data"
