@@ -19,7 +19,7 @@ router = APIRouter(prefix="/api/v1", tags=["storage"])
 @router.get("/storage", response_model=list[StorageOut], responses=errors(401))
 def list_storage(services: ServicesDep, user: CurrentUser) -> list[StorageOut]:
     """The caller's storage areas (each user sees only their own)."""
-    return services.storage_areas.list(user)
+    return services.storage_areas.list_areas(user)
 
 
 @router.post("/storage", response_model=StorageOut, status_code=201, responses=created(*BODY, 403, 409))

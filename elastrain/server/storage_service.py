@@ -57,7 +57,7 @@ class StorageService:
     def _out(self, name: str, mounted_by: dict[str, list[str]]) -> StorageOut:
         return StorageOut(name=name, mount=f"storage:{name}:/data", mounted_by=mounted_by.get(name, []))
 
-    def list(self, user: User) -> list[StorageOut]:
+    def list_areas(self, user: User) -> list[StorageOut]:
         """The caller's areas, by name."""
         mounted = self._mounted_by(user)
         return [self._out(area.name, mounted) for area in self.areas.areas(user.id)]
