@@ -218,3 +218,18 @@ def test_an_admins_dataset_is_mounted_read_only_by_name(tmp_path: Path) -> None:
         assert made.json()["mounts"] == ["dataset:mnist:/mnist"]  # its name, not the host path
         refused(erin.post("/clusters", json={**body, "name": "ds2", "mounts": ["dataset:nope:/x"]}), 404)
         _deleted(erin, "ds")
+
+
+def test_the_cli_creates_lists_and_deletes_areas(server: Server) -> None:
+    token = new_user(server, "frank")
+    made = server.cli("storage", "create", "runs", token=token)
+    assert made.returncode == 0 and "mount it with --mount storage:runs:/data" in made.stdout, made.stderr
+    again = server.cli("storage", "create", "runs", token=token)
+    assert again.returncode != 0 and again.stderr.count("\n") == 1 and "exists already" in again.stderr
+    listed = server.cli("storage", "list", token=token)
+    assert listed.returncode == 0 and "storage:runs:/data" in listed.stdout, listed.stderr
+    host = server.cli("cluster", "create", "h", "--mount", "./x:/data", token=token)
+    assert host.returncode != 0 and "storage:NAME:/data" in host.stderr, host.stderr
+    gone = server.cli("storage", "delete", "runs", token=token)
+    assert gone.returncode == 0 and "deleted" in gone.stdout, gone.stderr
+    assert json.loads(server.cli("storage", "list", "-o", "json", token=token).stdout) == []
