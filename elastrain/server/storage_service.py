@@ -7,20 +7,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from elastrain.db.models import Cluster, EventAction, User
 from elastrain.db.repository import add_event
 from elastrain.db.session import Database
 from elastrain.server.errors import Conflict
-from elastrain.server.fields import StorageName
+from elastrain.server.fields import Body, StorageName
 from elastrain.server.mount_sources import mounted_areas
 from elastrain.server.storage import StorageAreas
 
 
-class StorageCreate(BaseModel):
+class StorageCreate(Body):
     """A new storage area of the caller."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: StorageName = Field(description="a DNS label, unique among the caller's areas", examples=["mnist"])
 
