@@ -287,6 +287,18 @@ class Client:
         """One cluster."""
         return ClusterInfo.from_json(self._request("GET", f"/clusters/{name}").json())
 
+    def create_storage(self, name: str) -> dict[str, Any]:
+        """Create one of the caller's storage areas (a cluster mounts it as ``storage:NAME:/data``)."""
+        return dict(self._request("POST", "/storage", json={"name": name}).json())
+
+    def list_storage(self) -> list[dict[str, Any]]:
+        """The caller's storage areas (name, mount, mounted_by)."""
+        return list(self._request("GET", "/storage").json())
+
+    def delete_storage(self, name: str) -> None:
+        """Delete one of the caller's storage areas and its files (409 while a cluster mounts it)."""
+        self._request("DELETE", f"/storage/{name}")
+
     def list_clusters(self) -> list[ClusterInfo]:
         """The caller's clusters."""
         return [ClusterInfo.from_json(c) for c in self._request("GET", "/clusters").json()]

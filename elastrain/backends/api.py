@@ -25,6 +25,7 @@ class Mount:
 
     source: str
     target: str
+    read_only: bool = False  # an admin's dataset: mounted read-only
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,7 @@ def run_args(
     if spec.cpus > 0:
         args += ["--cpus", f"{spec.cpus:g}"]
     for mount in spec.mounts:
-        args += ["--volume", f"{mount.source}:{mount.target}"]
+        args += ["--volume", f"{mount.source}:{mount.target}" + (":ro" if mount.read_only else "")]
     args += gpu_args(spec, gpu_device_dir)
     args += env_flags(env)
     return [*args, spec.image, "python", "-m", "elastrain.agent.noded"]

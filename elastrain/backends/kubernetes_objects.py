@@ -242,7 +242,9 @@ def _volumes(spec: ContainerSpec) -> tuple[list[Manifest], list[Manifest]]:
     for index, mount in enumerate(spec.mounts):
         name = f"storage-{index}"
         volumes.append({"name": name, "hostPath": {"path": mount.source}})
-        mounts.append({"name": name, "mountPath": mount.target})
+        mounts.append(
+            {"name": name, "mountPath": mount.target, **({"readOnly": True} if mount.read_only else {})}
+        )
     return volumes, mounts
 
 

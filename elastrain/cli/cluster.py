@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from elastrain.cli.output import OutputFormat, add_output_flag, print_data
 from elastrain.cli.progress import StatusLine
+from elastrain.cli.storage_cmd import MOUNT_HELP, resolve_mount
 from elastrain.cli.table import CLUSTER_HEADER, cluster_row, format_table
 from elastrain.cli.watch import (
     DEFAULT_WAIT_S,
@@ -48,7 +49,7 @@ from elastrain.errors import ConfigError
 if TYPE_CHECKING:
     from elastrain.client import Client, ClusterInfo
 
-CONTROL_PLANE_COMMANDS = ("server", "cluster", "user", "job")
+CONTROL_PLANE_COMMANDS = ("server", "cluster", "user", "job", "storage")
 
 
 TOKEN_IN_ARGV_WARNING = (
@@ -102,8 +103,9 @@ def _connection_flags() -> argparse.ArgumentParser:
 
 
 def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
-    """Register `server`, `cluster`, `user` and `job` on the top-level parser."""
+    """Register `server`, `cluster`, `user`, `job` and `storage` on the top-level parser."""
     from elastrain.cli.job import add_job_parser
+    from elastrain.cli.storage_cmd import add_storage_parser
     from elastrain.cli.user_cmd import add_user_parser
     from elastrain.server.main import add_server_parser
 
@@ -118,7 +120,7 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--containers", type=int, default=2, help="containers including the launcher (>= 2)")
     p.add_argument("--gpus-per-container", type=int, default=0, help="GPUs for each container")
     p.add_argument("--shm", default="64Mi", help="shared memory per container, e.g. 1Gi")
-    p.add_argument("--mount", action="append", default=[], metavar="SRC:DST", help="mount a host path")
+    p.add_argument("--mount", action="append", default=[], metavar="SRC:DST", help=MOUNT_HELP)
     p.add_argument(
         "--image", default="", help="container image (`elastrain image list`; default: the framework's image)"
     )
@@ -180,6 +182,7 @@ def add_control_plane_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--container", help="container name (see cluster get)")
     add_user_parser(sub, conn)
     add_job_parser(sub, conn)
+    add_storage_parser(sub, conn)
 
 
 def _add_scheduler_flag(server: argparse.ArgumentParser) -> None:
@@ -224,25 +227,15 @@ def run_control_plane(args: argparse.Namespace) -> int:
     check_timeout_flag(args)
     with Client(args.url, args.token) as client:
         try:
-            if args.cmd == "user":
+            if args.cmd in ("user", "storage"):
+                from elastrain.cli.storage_cmd import run_storage_command
                 from elastrain.cli.user_cmd import run_user_command
 
-                return run_user_command(client, args)
+                return (run_user_command if args.cmd == "user" else run_storage_command)(client, args)
             return _CLUSTER_ACTIONS[args.action](client, args)
         except BrokenPipeError:  # `elastrain cluster get X -o json | head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-
-
-def resolve_mount(spec: str, cwd: Path | None = None) -> str:
-    """``./data:/data`` -> ``/abs/path/data:/data`` (the source is resolved on this machine)."""
-    source, sep, target = spec.rpartition(":")
-    if not sep or not source or not target:
-        raise ConfigError(f"--mount {spec!r} is not SRC:DST; write e.g. --mount ./data:/data")
-    path = Path(source).expanduser()
-    if not path.is_absolute():
-        path = (cwd or Path.cwd()) / path
-    return f"{os.path.normpath(path)}:{target}"
 
 
 def _create(client: Client, args: argparse.Namespace) -> int:

@@ -143,6 +143,8 @@ class EventAction(str, enum.Enum):
     token_revoked = "token.revoked"
     user_created = "user.created"
     user_quota_changed = "user.quota_changed"
+    storage_created = "storage.created"
+    storage_deleted = "storage.deleted"
     unknown = "unknown"
     """Never recorded: how the API answers a stored action this server does not know (the stored name
     is then in the event's ``detail.action``)."""

@@ -1,8 +1,9 @@
-"""The FastAPI application: routes under ``/api/v1`` (`routes_users`, `routes_clusters`, `routes_jobs`)
-calling `Services`; every refusal as RFC 9457 problem details (`problems`); the OpenAPI document says
-what the routes do (`openapi`). The server's objects are on ``app.state`` (services, jobs, settings),
-where the routes' dependencies (`deps`) find them. ``GET /metrics`` serves Prometheus metrics (`metrics`);
-the containers' resource figures come from ``app.state.usage`` (`usage_service`).
+"""The FastAPI application: routes under ``/api/v1`` (`routes_users`, `routes_clusters`, `routes_jobs`,
+`routes_storage`) calling `Services`; every refusal as RFC 9457 problem details (`problems`); the
+OpenAPI document says what the routes do (`openapi`). The server's objects are on ``app.state``
+(services, jobs, settings), where the routes' dependencies (`deps`) find them. ``GET /metrics``
+serves Prometheus metrics (`metrics`); the containers' resource figures come from
+``app.state.usage`` (`usage_service`).
 """
 
 import hmac
@@ -13,7 +14,15 @@ from fastapi import FastAPI
 
 from elastrain.db.models import Job
 from elastrain.db.repository import hash_token
-from elastrain.server import metrics, openapi, problems, routes_clusters, routes_jobs, routes_users
+from elastrain.server import (
+    metrics,
+    openapi,
+    problems,
+    routes_clusters,
+    routes_jobs,
+    routes_storage,
+    routes_users,
+)
 from elastrain.server.errors import Unauthorized
 from elastrain.server.jobs import JobService
 from elastrain.server.limits import BodyLimitMiddleware, bearer_token, resolve_max_body_bytes
@@ -28,6 +37,7 @@ TAGS = [
     {"name": "clusters", "description": "Clusters of containers: create, scale, delete, run commands."},
     {"name": "jobs", "description": "Commands running detached in a cluster's launcher, and their reports."},
     {"name": "users", "description": "Users, their API tokens and quotas."},
+    {"name": "storage", "description": "The caller's storage areas, which clusters mount (storage:NAME)."},
     {"name": "meta", "description": "Liveness, the node's GPUs and the images clusters can use."},
 ]
 DESCRIPTION = (
@@ -107,6 +117,7 @@ def create_app(
     app.include_router(routes_users.router)
     app.include_router(routes_clusters.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_storage.router)
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=resolve_max_body_bytes(max_body_bytes),

@@ -12,6 +12,7 @@ from elastrain.examples import NP_PLACEHOLDER, first_job_command, np_flags
 from elastrain.server import schemas
 from elastrain.server.cluster_demand import own_bounds
 from elastrain.server.inventory import parse_gpu_ids
+from elastrain.server.mount_sources import shown_mount
 from elastrain.server.reconciler import aware
 from elastrain.server.validation import format_size
 
@@ -59,7 +60,7 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         image=cluster.image,
         memory=format_size(cluster.memory_bytes) if cluster.memory_bytes else "",
         cpus=cluster.cpus or 0.0,
-        mounts=[f"{m['source']}:{m['target']}" for m in mounts],
+        mounts=[shown_mount(m) for m in mounts],
         restart_policy=cluster.restart_policy,
         hostfile_generation=cluster.hostfile_generation,
         launch_hint=hint,

@@ -146,6 +146,8 @@ _SENTENCES: dict[str, Callable[[Detail], str]] = {
     "user.created": lambda d: f"User {d.get('user')} created" + (" (admin)." if d.get("admin") else "."),
     "token.created": lambda d: f"Token {d.get('name') or d.get('token_id')} created for {d.get('user')}.",
     "user.quota_changed": lambda d: f"Quotas of {d.get('user')} changed.",
+    "storage.created": lambda d: f"Storage area {d.get('storage')} created.",
+    "storage.deleted": lambda d: f"Storage area {d.get('storage')} deleted.",
     "token.revoked": lambda d: f"Token {d.get('token_id')} of {d.get('user')} revoked.",
 }
 

@@ -109,6 +109,12 @@ UserName = Annotated[
     server_check(partial(checks.check_name, what="user name"), str),
 ]
 """A user's name: a DNS label."""
+StorageName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=checks.NAME_MAX, pattern=checks.NAME_PATTERN),
+    server_check(partial(checks.check_name, what="storage area name"), str),
+]
+"""A storage area's name: a DNS label (unique among its owner's areas)."""
 ContainerName = Annotated[
     str, StringConstraints(min_length=1, max_length=80, pattern=r"^[a-z0-9]([a-z0-9-]{0,78}[a-z0-9])?$")
 ]

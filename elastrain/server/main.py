@@ -132,8 +132,28 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="host directory clusters may mount from (repeatable; env ELASTRAIN_ALLOW_MOUNT=DIR:DIR; "
-        "default: cwd and home)",
+        help="host directory admins' clusters may mount from (repeatable; env ELASTRAIN_ALLOW_MOUNT=DIR:DIR; "
+        "default: cwd and home); other users mount their storage areas (storage:NAME:/data)",
+    )
+    p.add_argument(
+        "--storage-root",
+        type=Path,
+        metavar="DIR",
+        help="where users' storage areas live (env ELASTRAIN_STORAGE_ROOT; default DATA-DIR/storage)",
+    )
+    p.add_argument(
+        "--storage-areas-per-user",
+        type=int,
+        metavar="N",
+        help="storage areas one user may have (env ELASTRAIN_STORAGE_AREAS_PER_USER; default 20)",
+    )
+    p.add_argument(
+        "--dataset",
+        action="append",
+        default=None,
+        metavar="NAME=DIR",
+        help="a host directory every cluster may mount read-only as dataset:NAME:/TARGET (repeatable; "
+        "env ELASTRAIN_DATASET=NAME=DIR,NAME=DIR)",
     )
     p.add_argument(
         "--drain-seconds",
@@ -336,14 +356,17 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
     from elastrain.db.session import Database
     from elastrain.server import quotas
     from elastrain.server.app import create_app
+    from elastrain.server.errors import ApiError
     from elastrain.server.idle_release import IdleRelease
     from elastrain.server.jobs import JobService
     from elastrain.server.limits import resolve_max_body_bytes
     from elastrain.server.membership import JobMembership
+    from elastrain.server.mount_sources import parse_datasets
     from elastrain.server.rate import RateLimiter
     from elastrain.server.reconciler import Reconciler
     from elastrain.server.scheduler_step import scheduler_for
     from elastrain.server.services import Services
+    from elastrain.server.storage import StorageAreas
 
     idle = f"{settings.idle_release_after} s" if settings.idle_release_after else "off"
     print(f"elastrain server: scheduler {settings.scheduler}; idle release after {idle}", flush=True)
@@ -384,6 +407,15 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         idle=IdleRelease(settings.idle_release_after, elastic=settings.scheduler != "static"),
     )
     limits = quotas.Limits(settings.quota_clusters, settings.quota_containers, settings.quota_gpus)
+    areas = StorageAreas(
+        (settings.storage_root or data_dir / "storage").expanduser().resolve(),
+        settings.storage_areas_per_user,
+    )
+    try:
+        areas.prepare()
+        datasets = parse_datasets(settings.dataset)
+    except (ValueError, ApiError) as exc:
+        raise ConfigError(f"storage: {exc}") from None
     services = Services(
         db,
         backend,
@@ -391,6 +423,8 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         reconciler,
         allowed_mount_roots=roots,
         data_dir=data_dir,
+        areas=areas,
+        datasets=datasets,
         exec_service=commands,
         quota_defaults=limits,
     )

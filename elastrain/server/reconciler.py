@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -12,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from elastrain.backends.api import Backend, ContainerSpec, Mount
+from elastrain.backends.api import Backend, ContainerSpec
 from elastrain.backends.local import HOSTFILE_PATH
 from elastrain.db.models import (
     Cluster,
@@ -33,6 +32,7 @@ from elastrain.server.idle_release import IdleRelease
 from elastrain.server.inventory import Inventory, parse_gpu_ids
 from elastrain.server.membership import JobHosts, JobMembership
 from elastrain.server.metrics_stats import ReconcileStats
+from elastrain.server.mount_sources import check_stored_mounts, stored_mounts
 from elastrain.server.policy import (
     Action,
     ClusterView,
@@ -100,7 +100,7 @@ def cluster_view(cluster: Cluster, jobs: tuple[JobHosts, ...] = ()) -> ClusterVi
 
 def container_spec(cluster: Cluster, row: Container, real_gpus: bool) -> ContainerSpec:
     """What the backend needs to start (or run a command in) `row`."""
-    mounts = tuple(Mount(m["source"], m["target"]) for m in json.loads(cluster.mounts or "[]"))
+    mounts = tuple(stored_mounts(cluster.mounts))
     return ContainerSpec(
         cluster=cluster.name,
         cluster_uid=cluster.uid,
@@ -407,6 +407,10 @@ class Reconciler:
             spec = container_spec(cluster, row, self.inventory.real)
             for mount in spec.mounts:
                 check_mount_unchanged(mount)
+            owner_uid = None if self.backend.translates_paths else spec.tenant_uid
+            check_stored_mounts(
+                cluster.mounts, owner_uid, cluster.owner.is_admin
+            )  # areas: the server's alone
             row.pid = self.backend.create_container(spec).pid
             self.start_backoff.started(cluster.uid)
         except ElastrainError as exc:

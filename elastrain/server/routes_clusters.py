@@ -58,7 +58,7 @@ def list_clusters(services: ServicesDep, user: CurrentUser) -> list[schemas.Clus
 
 
 @router.post(
-    "/clusters", response_model=schemas.ClusterOut, status_code=201, responses=created(*BODY, 403, 409)
+    "/clusters", response_model=schemas.ClusterOut, status_code=201, responses=created(*BODY, 403, 404, 409)
 )
 def create_cluster(
     services: ServicesDep,
@@ -68,8 +68,9 @@ def create_cluster(
 ) -> schemas.ClusterOut:
     """Create a cluster; its containers start within seconds (watch `state`). `Location` is its URL.
 
-    422 names every bad field at once; then what this node refuses: 403, over quota or a mount source
-    outside the allowed roots (--allow-mount) or of the server's own state; 409, the name is in use
+    422 names every bad field at once; then what this node refuses: 403, over quota, a host-path mount
+    from a non-admin, or one outside the allowed roots (--allow-mount) or of the server's own state;
+    404, a ``storage:NAME`` the caller has no area of, or an unknown ``dataset:NAME``; 409, the name is in use
     (or reserved), more GPUs than the node has, a `gpu_type` the node has no GPU of (GET
     /api/v1/inventory lists them) or none free of, or a mount source that does not exist on the server."""
     out = services.create_cluster(user, req)

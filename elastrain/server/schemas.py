@@ -262,10 +262,12 @@ class ClusterCreate(Body):
     mounts: list[MountSpec] = Field(
         default_factory=list,
         max_length=16,
-        description="SOURCE:TARGET, both absolute and without '..'; SOURCE exists under the server's "
-        "--allow-mount roots (never its data directory); TARGET is not /, /etc or /var, nor at or "
-        "under /etc/mpi, /var/log or the platform's other paths",
-        examples=[["/home/me/data:/data"]],
+        description="SOURCE:TARGET without '..'. SOURCE: storage:NAME, one of the caller's storage areas "
+        "(GET /api/v1/storage); dataset:NAME, a dataset the admin declared (read-only); or, for admins "
+        "only, an absolute host path under the server's --allow-mount roots (never its data directory). "
+        "TARGET is absolute, not /, /etc or /var, nor at or under /etc/mpi, /var/log or the platform's "
+        "other paths",
+        examples=[["storage:mnist:/data"]],
     )
     restart_policy: RestartPolicyName = RestartPolicy.Always
     min_containers: MinContainers | None = Field(

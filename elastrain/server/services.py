@@ -42,9 +42,12 @@ from elastrain.server.errors import ApiError, Conflict, Forbidden, NotFound, che
 from elastrain.server.exec_service import ExecService
 from elastrain.server.gpu_types import free_of_type
 from elastrain.server.inventory import Inventory, parse_gpu_ids
-from elastrain.server.reconciler import Reconciler
+from elastrain.server.mount_sources import MountSources
+from elastrain.server.reconciler import Reconciler, tenant_uid
 from elastrain.server.scheduling import fold_service
-from elastrain.server.validation import check_containers, check_name, parse_mount, server_state
+from elastrain.server.storage import StorageAreas
+from elastrain.server.storage_service import StorageService
+from elastrain.server.validation import check_containers, check_name, server_state
 
 LOG_READ_DEADLINE_S = 30.0  # `podman logs` of a log of hundreds of MiB, kept to its tail
 
@@ -57,8 +60,11 @@ class Services:
     backend: Backend
     inventory: Inventory
     reconciler: Reconciler
-    allowed_mount_roots: list[Path] = field(default_factory=list)
+    allowed_mount_roots: list[Path] = field(default_factory=list)  # of admins' host-path mounts
     data_dir: Path | None = None  # no mount may expose it (`validation.check_not_protected`)
+    areas: StorageAreas | None = None  # users' storage areas; default: under data_dir/storage
+    storage: StorageService | None = field(init=False, default=None)  # the API's operations on `areas`
+    datasets: dict[str, Path] = field(default_factory=dict)  # admin-declared, mounted read-only
     on_change: Callable[[], None] | None = None
     exec_service: ExecService | None = None  # default: one on `backend` (`main` shares one with the jobs)
     quota_defaults: quotas.Limits | None = None  # per-user limits (settings); None: the module defaults
@@ -71,6 +77,21 @@ class Services:
     def __post_init__(self) -> None:
         if self.exec_service is None:
             self.exec_service = ExecService(self.backend, self.inventory)
+        if self.areas is None and self.data_dir is not None:
+            self.areas = StorageAreas(self.data_dir / "storage")
+        self.storage = None if self.areas is None else StorageService(self.db, self.areas, self.area_owner)
+
+    def area_owner(self, user_id: int) -> int | None:
+        """The uid `user_id`'s storage areas belong to: their uid in containers (None: the backend runs
+        commands as the server's user, so the areas stay the server's)."""
+        return None if self.backend.translates_paths else tenant_uid(user_id)
+
+    @property
+    def storage_areas(self) -> StorageService:
+        """The storage-area operations (409 when the server has no storage root)."""
+        if self.storage is None:
+            raise Conflict("this server keeps no storage areas (it was started without a data directory)")
+        return self.storage
 
     @property
     def commands(self) -> ExecService:
@@ -155,12 +176,17 @@ class Services:
         """Validate and record a new cluster; the reconciler starts its containers.
 
         One 422 names every bad field (`check_cluster_create`); then 403/409 for what this node refuses."""
-        state = server_state(self.data_dir, self.db.url)
+        sources = MountSources(
+            self.storage_areas.areas,
+            self.datasets,
+            self.allowed_mount_roots,
+            *server_state(self.data_dir, self.db.url),
+        )
         valid = check_cluster_create(
             req,
             check_gpu_total=self._check_gpu_total,
             static=self.reconciler.scheduler is None,
-            parse_mount=lambda spec: parse_mount(spec, self.allowed_mount_roots, *state),
+            parse_mount=lambda spec: sources.resolve(user, spec),
             resolve_image=self.backend.resolve_image,
             gpu_models=self.inventory.gpu_models,
         )
@@ -183,7 +209,9 @@ class Services:
                 image=image,
                 memory_bytes=memory,
                 cpus=req.cpus,
-                mounts=json.dumps([{"source": m.source, "target": m.target} for m in mounts]),
+                mounts=json.dumps(
+                    [sources.record(spec, m) for spec, m in zip(req.mounts, mounts, strict=True)]
+                ),
                 restart_policy=policy,
                 state=ClusterState.Pending,
                 reason="starting containers",

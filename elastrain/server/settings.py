@@ -5,7 +5,10 @@ Every setting has a flag, an environment variable and a key of the settings file
     --host                      ELASTRAIN_SERVER_HOST          --port             ELASTRAIN_SERVER_PORT
     --data-dir                  ELASTRAIN_SERVER_DATA_DIR      --backend          ELASTRAIN_SERVER_BACKEND
     --db                        ELASTRAIN_DB                   --gpus             ELASTRAIN_GPUS
-    --allow-mount               ELASTRAIN_ALLOW_MOUNT (DIR:DIR...)
+    --allow-mount               ELASTRAIN_ALLOW_MOUNT (DIR:DIR...; admins' host-path mounts)
+    --storage-root              ELASTRAIN_STORAGE_ROOT (default DATA-DIR/storage)
+    --storage-areas-per-user    ELASTRAIN_STORAGE_AREAS_PER_USER
+    --dataset                   ELASTRAIN_DATASET (NAME=DIR, repeatable; env: comma-separated)
     --drain-seconds             ELASTRAIN_DRAIN_SECONDS        --max-body-bytes   ELASTRAIN_MAX_BODY_BYTES
     --reconcile-interval        ELASTRAIN_RECONCILE_INTERVAL   --scheduler        ELASTRAIN_SCHEDULER
     --idle-release-after        ELASTRAIN_IDLE_RELEASE_AFTER (seconds; 0: never)
@@ -48,6 +51,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from elastrain.errors import ConfigError
 from elastrain.server.main import DEFAULT_DATA_DIR
 from elastrain.server.quotas import DEFAULT_MAX_CLUSTERS, DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_GPUS
+from elastrain.server.storage import DEFAULT_MAX_AREAS
 from elastrain.server.tenant_limits import (
     DEFAULT_LAB_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_EXEC_STREAMS,
@@ -75,6 +79,9 @@ NAMES: dict[str, tuple[str, str]] = {
     "gpus": ("--gpus", "ELASTRAIN_GPUS"),
     "backend": ("--backend", "ELASTRAIN_SERVER_BACKEND"),
     "allow_mount": ("--allow-mount", "ELASTRAIN_ALLOW_MOUNT"),
+    "storage_root": ("--storage-root", "ELASTRAIN_STORAGE_ROOT"),
+    "storage_areas_per_user": ("--storage-areas-per-user", "ELASTRAIN_STORAGE_AREAS_PER_USER"),
+    "dataset": ("--dataset", "ELASTRAIN_DATASET"),
     "drain_seconds": ("--drain-seconds", "ELASTRAIN_DRAIN_SECONDS"),
     "max_body_bytes": ("--max-body-bytes", "ELASTRAIN_MAX_BODY_BYTES"),
     "reconcile_interval": ("--reconcile-interval", "ELASTRAIN_RECONCILE_INTERVAL"),
@@ -130,6 +137,11 @@ class ServerSettings(BaseSettings):
     allow_mount: Annotated[list[Path], NoDecode] = Field(
         default_factory=list, validation_alias=_env("allow_mount")
     )
+    storage_root: Path | None = Field(None, validation_alias=_env("storage_root"))
+    storage_areas_per_user: int = Field(
+        DEFAULT_MAX_AREAS, ge=0, validation_alias=_env("storage_areas_per_user")
+    )
+    dataset: Annotated[list[str], NoDecode] = Field(default_factory=list, validation_alias=_env("dataset"))
     drain_seconds: float = Field(30.0, validation_alias=_env("drain_seconds"))
     max_body_bytes: int | None = Field(None, validation_alias=_env("max_body_bytes"))
     reconcile_interval: float = Field(0.5, validation_alias=_env("reconcile_interval"))
@@ -176,6 +188,14 @@ class ServerSettings(BaseSettings):
         """``ELASTRAIN_ALLOW_MOUNT=/a:/b`` (a PATH-like list) as well as a list from the flags."""
         if isinstance(value, str):
             return [part for part in value.split(os.pathsep) if part.strip()]
+        return value
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _split_datasets(cls, value: object) -> object:
+        """``ELASTRAIN_DATASET=mnist=/srv/mnist,imagenet=/srv/in`` as well as a list from the flags."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
 
@@ -240,8 +260,9 @@ def _one_line(exc: ValidationError) -> str:
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     """The settings given as flags (argparse defaults are None: an absent flag leaves env/file/default)."""
     given = {name: getattr(args, name, None) for name in NAMES}
-    if given["allow_mount"] == []:
-        given["allow_mount"] = None
+    for name in ("allow_mount", "dataset"):
+        if given[name] == []:
+            given[name] = None
     if given["db"] and db_url_has_password(given["db"]):
         raise ConfigError(
             f"--db carries a password, which every user sees in `ps`; put the URL in ${DB_ENV} "

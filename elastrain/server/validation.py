@@ -48,7 +48,7 @@ ARG_CONTROL = r"\x00-\x08\x0b-\x1f\x7f-\x9f"
 """The same less tab and newline, which a command argument may hold (a ``sh -c`` or ``python -c`` script)."""
 TEXT_PATTERN = f"^[^{CONTROL}]*$"
 ARG_PATTERN = f"^[^{ARG_CONTROL}]*$"
-MOUNT_PATTERN = f"^/[^{CONTROL}]*:/[^:{CONTROL}]*$"
+MOUNT_PATTERN = f"^(/[^{CONTROL}]*|(storage|dataset):[a-z0-9]([a-z0-9-]{{0,61}}[a-z0-9])?):/[^:{CONTROL}]*$"
 """``SOURCE:TARGET``, both absolute (the format; where SOURCE may be is the server's to judge)."""
 _CONTROL_CHAR = re.compile(f"[{CONTROL}]")
 _ARG_CONTROL_CHAR = re.compile(f"[{ARG_CONTROL}]")
@@ -219,14 +219,18 @@ def reserved_by(target: str) -> str | None:
 
 
 def check_mount_format(spec: str) -> tuple[str, str]:
-    """SOURCE and TARGET of ``SOURCE:TARGET``: both absolute, no '..', no control characters, and a
+    """SOURCE and TARGET of ``SOURCE:TARGET``: SOURCE ``storage:NAME``, ``dataset:NAME`` or absolute,
+    TARGET absolute, no '..', no control characters, and a
     TARGET other than /, /etc, /var and not at or under a path the platform writes (`RESERVED_TREES`:
     /etc/mpi, /var/log, ...)."""
     check_text(str(spec), "mount")
     source, sep, target = str(spec).rpartition(":")
     if not sep or not source or not target:
-        raise InvalidRequest(f"mount {shown(spec)} is not SOURCE:TARGET; write e.g. /home/me/data:/data")
-    if not os.path.isabs(source):
+        raise InvalidRequest(f"mount {shown(spec)} is not SOURCE:TARGET; write e.g. storage:NAME:/data")
+    kind, named, name = source.partition(":")
+    if named and kind in ("storage", "dataset"):
+        check_name(name, f"{kind} name")
+    elif not os.path.isabs(source):
         raise InvalidRequest(
             f"mount source {shown(source)} must be an absolute path (the CLI resolves ./data for you)"
         )

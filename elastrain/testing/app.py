@@ -31,6 +31,7 @@ def make_app(root: Path, *, max_body_bytes: int | None = None, gpus: int | str =
     from elastrain.server.membership import JobMembership
     from elastrain.server.reconciler import Reconciler
     from elastrain.server.services import Services
+    from elastrain.server.storage import StorageAreas
 
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -42,6 +43,7 @@ def make_app(root: Path, *, max_body_bytes: int | None = None, gpus: int | str =
     inventory = Inventory.create(gpus, str(data))
     membership = JobMembership()
     reconciler = Reconciler(db, backend, inventory, membership=membership)
-    services = Services(db, backend, inventory, reconciler, allowed_mount_roots=[root])
+    areas = StorageAreas(root / "storage")
+    services = Services(db, backend, inventory, reconciler, allowed_mount_roots=[root], areas=areas)
     jobs = JobService(db, backend, inventory, report_url="http://127.0.0.1:9", membership=membership)
     return AppUnderTest(create_app(services, jobs, max_body_bytes=max_body_bytes), token)

@@ -7,6 +7,7 @@ Skips (`need_podman`) import pytest lazily: the module is importable without it.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import time
@@ -88,12 +89,19 @@ class ContainerPlane(ControlPlane):
 
 
 def shared_storage(plane: ControlPlane, name: str) -> Path:
-    """A mounted directory holding the example, writable by the tenants' uids."""
+    """A host directory holding the example, for the admin's clusters to mount (a host path: admins
+    only; a tenant mounts a storage area instead), owned by the admin's uid in containers (the first
+    user's) so that jobs write there. A test host that is not root cannot give it away: there it stays
+    the test's, 0755, and only reads work."""
+    from elastrain.server.reconciler import tenant_uid
+
     data = plane.mounts / name
     data.mkdir(exist_ok=True)
-    data.chmod(0o777)
     for script in ("mnist_elastic.py", "mnist1d_data.py"):
         shutil.copy(EXAMPLE.parent / script, data / script)
+    if os.geteuid() == 0:
+        for path in (data, *data.iterdir()):
+            os.chown(path, tenant_uid(1), tenant_uid(1))
     return data
 
 

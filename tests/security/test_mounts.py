@@ -1,4 +1,5 @@
-"""A tenant cannot mount the server's own state into a cluster (issue: mount roots).
+"""An admin's host-path mount cannot expose the server's own state (issue: mount roots; since issue 29
+only admins mount host paths, tenants mount storage areas: test_storage_areas).
 
 The default mount roots (cwd and home) hold the data directory. A mount whose source (links resolved)
 is the data directory, is inside it (the admin token, the next job's log) or holds it (a parent) is
@@ -29,7 +30,9 @@ def _create(api: httpx.Client, name: str, mount: str) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def tenant(server: Server) -> httpx.Client:  # noqa: F811
-    return server.http(token=new_user(server, "mount-mallory"))
+    """Who may ask for a host path at all: an admin (a tenant's host path is refused before any of
+    these checks, see test_storage_areas), here a second admin, not the server's own."""
+    return server.http(token=new_user(server, "mount-mallory", admin=True))
 
 
 @pytest.mark.attack

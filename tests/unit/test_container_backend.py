@@ -69,6 +69,8 @@ def test_run_flags_isolate_the_container(tmp_path: Path) -> None:
     assert labels["elastrain.server"] == backend.server_key
     launcher = backend._run_args(spec(role="launcher", name="c1-launcher"), "s")
     assert f"{base / 'jobs'}:/var/log/jobs" in flag_values(launcher, "--volume")
+    dataset = backend._run_args(spec(mounts=(Mount("/srv/mnist", "/mnist", read_only=True),)), "s")
+    assert "/srv/mnist:/mnist:ro" in flag_values(dataset, "--volume")  # an admin's dataset
 
 
 def test_container_paths_map_to_the_cluster_files_only(tmp_path: Path) -> None:

@@ -92,6 +92,9 @@ def test_pod_mounts_hostfile_shm_storage_and_the_launcher_job_logs() -> None:
     assert "/var/log/jobs" not in mounts
     launcher = pod_manifest(_spec(name="demo-launcher", role="launcher"), SETTINGS, OWNER)
     assert "/var/log/jobs" in {m["mountPath"] for m in _container(launcher)["volumeMounts"]}
+    assert "readOnly" not in mounts["/data"]
+    dataset = pod_manifest(_spec(mounts=(Mount("/srv/mnist", "/mnist", read_only=True),)), SETTINGS, OWNER)
+    assert {m["mountPath"]: m for m in _container(dataset)["volumeMounts"]}["/mnist"]["readOnly"] is True
 
 
 def test_pod_environment_keeps_secrets_in_the_secret_object() -> None:

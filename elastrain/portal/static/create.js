@@ -152,6 +152,10 @@ document.addEventListener("DOMContentLoaded", () => {
   }
   $("image").addEventListener("change", imageHint);
 
+  Portal.api("GET", "/storage").then((areas) => {
+    $("mount-area").append(...areas.map((a) => Portal.el("option", { value: "storage:" + a.name }, a.name)));
+  }).catch(() => {});
+
   Portal.api("GET", "/images").then((found) => {
     images = found;
     $("image").append(...found.map((i) => Portal.el("option", { value: i.name }, imageLabel(i))));
@@ -166,7 +170,7 @@ document.addEventListener("DOMContentLoaded", () => {
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     clearErrors();
-    const source = $("mount-source").value.trim();
+    const source = $("mount-area").value || $("mount-source").value.trim();
     const target = $("mount-target").value.trim();
     const body = {
       framework: chosenFramework(),
