@@ -1,4 +1,5 @@
-"""Browser-test fixtures: Debian's chromium driven by Playwright for Python, and a real `elastrain server`.
+"""Browser-test fixtures: a real `elastrain server` for the pages (the session's chromium, `browser`, is in
+tests/conftest.py: one per test process, wherever a test drives it).
 
 Nothing is downloaded: without /usr/bin/chromium or the playwright package the tests are skipped with
 the reason (`make portal-deps` installs both). The server is the integration tests' `ControlPlane`
@@ -9,7 +10,6 @@ the reason (`make portal-deps` installs both). The server is the integration tes
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,72 +18,12 @@ from typing import Any
 import pytest
 
 from elastrain.testing.containers import ContainerPlane, container_plane
-from elastrain.testing.processes import kill_pids
 from elastrain.testing.server import ControlPlane
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
-
-
-def _descendants(root: int) -> list[int]:
-    """PIDs of every living process below `root` (from /proc's parent links)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _is_browser_process(pid: int) -> bool:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().lower()
-    except OSError:
-        return False
-    return b"chrom" in argv or b"playwright" in argv
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    """One headless chromium for the session; at the end it is closed and any process left of the
-    Playwright driver or chromium (our descendants only) is killed by PID."""
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing: `make portal-deps` (apt-get install chromium) installs it")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright for Python is not installed: `make install` (dev extra) installs it")
-    before = set(_descendants(os.getpid()))
-    try:
-        with sync_playwright() as pw:
-            chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-            try:
-                yield chromium
-            finally:
-                chromium.close()
-    finally:
-        kill_pids(p for p in set(_descendants(os.getpid())) - before if _is_browser_process(p))
 
 
 @contextlib.contextmanager

@@ -122,8 +122,13 @@ def test_the_suggestion_follows_the_size_until_edited(
         wait_until(lambda: box.input_value() == first_job_command(2, 2), 30, "-np 4: 2 containers x 2 GPUs")
         assert "-np 4 " in box.input_value()
 
-        assert api.patch("/api/v1/clusters/gp", json={"containers": 3}).status_code == 200
-        wait_until(lambda: box.input_value() == first_job_command(3, 2), 30, "-np 6 after scaling to 3")
+        scaled = api.patch("/api/v1/clusters/gp", json={"containers": 3})
+        assert scaled.status_code == 200, scaled.text
+        # the suggestion follows the cluster's bounds: at least its minimum, up to the size asked for
+        low, high = scaled.json()["min_containers"], scaled.json()["max_containers"]
+        assert high == 3 and scaled.json()["first_job"] == first_job_command(low, 2, high)
+        wait_until(lambda: box.input_value() == first_job_command(low, 2, high), 30, "--max-np 6 after 3")
+        assert "--max-np 6 " in box.input_value()
 
         box.fill("echo my own command")
         assert api.patch("/api/v1/clusters/gp", json={"containers": 2}).status_code == 200

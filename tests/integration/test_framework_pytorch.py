@@ -96,8 +96,11 @@ def test_torchrun_across_containers(cluster: Client) -> None:
 def test_the_clusters_launch_hint_trains(cluster: Client) -> None:
     """The command the cluster page shows for a PyTorch cluster, typed as shown: every container trains."""
     hint = cluster.get_cluster(CLUSTER).raw["launch_hint"].split("#")[0]
-    # -np 3: the worker count of the cluster's first job too (elastrain.examples.np_flags)
-    assert hint.startswith("elastrain run -np 3 --hostfile /etc/mpi/hostfile python /opt/elastrain/"), hint
+    # the cluster's bounds (2..3 containers: the default minimum is 2), as its first job's range too
+    # (elastrain.examples.np_flags)
+    assert hint.startswith(
+        "elastrain run --min-np 2 --max-np 3 --hostfile /etc/mpi/hostfile python /opt/elastrain/"
+    ), hint
     code, out = run_in(cluster, CLUSTER, *hint.split(), "--epochs", "1", "--batch-size", "500")
     assert code == 0, out[-3000:]
     assert "epoch 0 done: world 3" in out, out[-3000:]

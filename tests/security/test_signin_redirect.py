@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import browser  # noqa: F401 - the session's chromium (skips without one)
 from tests.security.harness import start_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,7 +30,7 @@ def signed_in_at(tab: Any, url: str, token: str, next_query: str) -> str:
 
 
 @pytest.mark.attack
-def test_sign_in_never_redirects_off_the_portal(tmp_path: Path, browser: Any) -> None:  # noqa: F811
+def test_sign_in_never_redirects_off_the_portal(tmp_path: Path, browser: Any) -> None:
     with start_server(tmp_path) as server:
         context = browser.new_context()
         try:
