@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import random
 import socket
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -31,9 +32,10 @@ from elastrain.db.models import Cluster, ClusterState, Container, ContainerState
 COORDINATOR_PORT_ENV = "ELASTRAIN_COORDINATOR_PORT"  # `elastrain run --coordinator-port`'s default
 COORDINATOR_HOST_ENV = "ELASTRAIN_COORDINATOR_HOST"  # read by launcher.slurm.coordinator_host
 JOB_TOKEN_ENV = "ELASTRAIN_JOB_TOKEN"  # the token agents and workers present to the coordinator
-COORDINATOR_PORTS = range(29400, 29900)
+COORDINATOR_PORTS = range(28400, 28900)
 """Where the platform puts a submitted ``elastrain run`` job's coordinator (a fixed port per job, so
-a replacement launcher listens where the running agents reconnect)."""
+a replacement launcher listens where the running agents reconnect). Below the kernel's ephemeral range
+and clear of torchrun's 29400 and MASTER_PORT's 29500, so a rendezvous typed by hand never takes it."""
 DEFAULT_MAX_PLATFORM_RESTARTS = 3
 LAUNCHER_GRACE_S = 10.0
 """How long a submitted job's command may be gone, without an exit code, while its launcher still looks
@@ -150,11 +152,18 @@ def restart_command(command: Sequence[str], cause: Cause) -> list[str]:
 
 
 def coordinator_port(
-    taken: Collection[int], usable: Callable[[int], bool] = lambda _port: True
+    taken: Collection[int],
+    usable: Callable[[int], bool] = lambda _port: True,
+    rng: random.Random | None = None,
 ) -> int | None:
-    """The first port of `COORDINATOR_PORTS` not in `taken` (the ports of the running jobs that share
-    a network namespace) for which `usable` holds; None when there is none."""
-    return next((p for p in COORDINATOR_PORTS if p not in taken and usable(p)), None)
+    """A port of `COORDINATOR_PORTS` not in `taken` (the ports of the running jobs that share a network
+    namespace) for which `usable` holds; None when there is none. The first such port, or with `rng` a
+    random one: on this machine's network two servers (or a server and a test) choosing at once would
+    otherwise both take the first free port and one launcher would find it in use."""
+    ports = [p for p in COORDINATOR_PORTS if p not in taken]
+    if rng is not None:
+        rng.shuffle(ports)
+    return next((p for p in ports if usable(p)), None)
 
 
 def derived_token(secret: str, purpose: str) -> str:

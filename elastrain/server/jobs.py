@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import secrets
 import shlex
 import signal
@@ -143,7 +144,9 @@ class JobService:
         if not shared:
             query = query.where(Job.cluster_id == cluster.id)
         taken = {port for port in session.scalars(query) if port is not None}
-        return recovery.coordinator_port(taken, recovery.port_is_free if shared else lambda _port: True)
+        if shared:
+            return recovery.coordinator_port(taken, recovery.port_is_free, random.Random())
+        return recovery.coordinator_port(taken)
 
     def _start(
         self, cluster: Cluster, launcher: Container, job: Job, command: list[str], spec: ContainerSpec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 
 import pytest
@@ -83,6 +84,9 @@ def test_coordinator_ports_skip_those_taken_and_those_not_free() -> None:
     assert coordinator_port({first, first + 1}) == first + 2
     assert coordinator_port(set(), lambda port: port > first + 5) == first + 6
     assert coordinator_port(set(COORDINATOR_PORTS)) is None
+    picks = {coordinator_port({first}, rng=random.Random(seed)) for seed in range(20)}
+    assert len(picks) > 1 and first not in picks and picks <= set(COORDINATOR_PORTS)
+    assert 29400 not in COORDINATOR_PORTS and 29500 not in COORDINATOR_PORTS  # torchrun's, MASTER_PORT's
     with socket.socket() as held:
         held.bind(("", 0))
         held.listen()
