@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,8 +72,9 @@ def main() -> None:
     sampler = elastrain.ElasticSampler(len(y_train), args.batch_size, seed=args.seed)
 
     elastrain.init()
-    device = elastrain.get_runtime().groups.device  # cuda:N under NCCL, the CPU under gloo
+    device = elastrain.get_runtime().groups.training_device  # the worker's GPU where CUDA is, else the CPU
     model.to(device)  # in place: the optimizer keeps the same parameters
+    print(f"worker {os.getpid()} trains on {device}", flush=True)
     x_train, y_train = x_train.to(device), y_train.to(device)
     state = elastrain.State(model=model, optimizer=optimizer, sampler=sampler, epoch=0)
 

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     sampler = elastrain.ElasticSampler(len(y), args.batch_size, seed=args.seed)
 
     elastrain.init()
-    device = elastrain.get_runtime().groups.device  # a GPU under NCCL, the CPU under gloo
+    device = elastrain.get_runtime().groups.training_device  # the worker's GPU where CUDA is, else the CPU
     model.to(device)
     x, y = x.to(device), y.to(device)
     state = elastrain.State(model=model, optimizer=optimizer, sampler=sampler, epoch=0)

@@ -16,6 +16,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from elastrain.errors import ConfigError
 from elastrain.rendezvous.api import Generation
 from elastrain.rendezvous.wire import parse_address
 from elastrain.runtime.collective import peer_failures
@@ -42,6 +43,26 @@ def choose_backend(requested: str) -> str:
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
 
 
+def worker_gpu(backend: str, local_rank: int) -> int | None:
+    """The CUDA device of the worker in slot `local_rank` (None without CUDA): one GPU per slot, round
+    robin under gloo (workers may share a GPU); under NCCL a slot beyond the GPUs is refused, since NCCL
+    cannot put two ranks of a group on one device."""
+    if not torch.cuda.is_available():
+        if backend == "nccl":
+            raise ConfigError(
+                "ELASTRAIN_BACKEND=nccl but CUDA is not available to this worker: set ELASTRAIN_BACKEND=gloo "
+                "or run on a host whose GPUs this process can see"
+            )
+        return None
+    count = torch.cuda.device_count()
+    if backend == "nccl" and local_rank >= count:
+        raise ConfigError(
+            f"NCCL needs a GPU per worker: this host has {count} and this is worker slot {local_rank}; "
+            f"give the host at most {count} slots in the hostfile, or set ELASTRAIN_BACKEND=gloo to share"
+        )
+    return local_rank % count
+
+
 class GroupManager:
     """Owns the default process group; one store connection reused across generations."""
 
@@ -56,8 +77,9 @@ class GroupManager:
         self._store: dist.TCPStore | None = None
         self._store_address = ""
         self.generation: int | None = None
-        if self.backend == "nccl":
-            torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
+        self._gpu = worker_gpu(self.backend, local_rank)
+        if self._gpu is not None:
+            torch.cuda.set_device(self._gpu)
 
     def _bind_interface(self, host: str) -> None:
         """gloo binds the interface holding this host's address (e.g. a veth in the host's namespace).
@@ -73,9 +95,18 @@ class GroupManager:
 
     @property
     def device(self) -> torch.device:
-        """Where collectives run: the local GPU for NCCL, the CPU for gloo."""
+        """Where the runtime's own collectives run: the local GPU for NCCL, the CPU for gloo (gloo has
+        no CUDA all_gather, which the Horovod API's gathers need)."""
         if self.backend == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    @property
+    def training_device(self) -> torch.device:
+        """Where a worker's model and batches belong: its GPU whenever CUDA is available (NCCL, or gloo
+        on CUDA tensors: several workers sharing one GPU), else the CPU."""
+        if self._gpu is not None:
+            return torch.device("cuda", self._gpu)
         return torch.device("cpu")
 
     def build(self, generation: Generation, rank: int) -> None:

@@ -26,7 +26,7 @@ from elastrain.testing.clusters import all_running, job_world, run_in
 from elastrain.testing.containers import ContainerPlane, shared_storage
 from elastrain.testing.waits import wait_until
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.gpu(devices=2, podman=True), pytest.mark.timeout(900)]
 SAMPLES = 10000
 EPOCHS = 6
 
