@@ -1,11 +1,18 @@
-"""DeepSpeed ZeRO-1/2 training of a small MLP on CPU (gloo), elastic under elastrain's restart mode.
+"""DeepSpeed ZeRO-1/2 training of a small MLP on CPU (gloo), elastic under elastrain, in place or by restart.
 
 Fixed size, with DeepSpeed's own launcher (it passes ``--local_rank``)::
 
     deepspeed --hostfile HOSTFILE examples/deepspeed_train.py --deepspeed_config examples/ds_zero2.json
 
-Elastic (the hostfile may grow 2 -> 4 and shrink back; every change restarts the script, which
-resumes from its checkpoint at the new data-parallel size)::
+Elastic in place (the default of ``elastrain run``: the hostfile may grow 2 -> 4 and shrink back, and a
+worker may die; the surviving processes keep running and move the ZeRO partitions between their
+memories, `native_main` and `elastrain.deepspeed.ElasticZero`)::
+
+    elastrain run --hostfile HOSTFILE --min-np 2 --max-np 4 \
+        python examples/deepspeed_train.py --deepspeed_config examples/ds_zero2.json
+
+Elastic by restart (every change restarts the script, which resumes from its checkpoint at the new
+data-parallel size)::
 
     elastrain run --mode restart --hostfile HOSTFILE --min-np 2 --max-np 4 \\
         python examples/deepspeed_train.py --deepspeed_config examples/ds_zero2.json --checkpoint-dir CKPT
@@ -39,7 +46,10 @@ from elastrain.frameworks.deepspeed_elastic import (
     reduce_step,
 )
 
-STOP = GracefulStop((signal.SIGTERM, signal.SIGINT))
+# `elastrain run` without `--mode restart` sets the coordinator: elastrain resizes the job in place
+# (deepspeed_inplace.py) and owns SIGTERM (a graceful leave); restart mode and DeepSpeed's launcher don't
+NATIVE = bool(os.environ.get("ELASTRAIN_COORDINATOR"))
+STOP = GracefulStop(() if NATIVE else (signal.SIGTERM, signal.SIGINT))
 T_START = time.time()  # process start, for the resize-pause breakdown
 
 
@@ -56,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-log", type=Path, help="directory for per-rank JSON lines of sample ids")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (demos)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after N steps in this run (tests)")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="in place only")
+    p.add_argument("--params-out", type=Path, help="in place only: rank 0 saves the final weights here")
     p.add_argument(
         "--hold-file",
         type=Path,
@@ -250,5 +262,71 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def native_main(argv: list[str] | None = None) -> int:
+    """Under `elastrain run` (native mode): resized in place (`elastrain.deepspeed.ElasticZero`): on a
+    resize or a killed worker the survivors keep running, build the new group and a new engine, and
+    receive the ZeRO partitions of the new layout from their peers' memory; a new worker receives all
+    it needs the same way. Every sample once per epoch (elastrain's sampler and ledger)."""
+    import elastrain
+    from elastrain.deepspeed import ElasticZero
+
+    args = parse_args(argv)
+    config = load_config(args.deepspeed_config)
+    import torch
+    import torch.nn.functional as F
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # a small MLP per rank: more threads only fight over the cores
+    global_batch = int(config.pop("train_batch_size"))
+    config.setdefault("gradient_accumulation_steps", 1)
+
+    def config_for(world: int) -> dict[str, Any]:
+        return {**config, "train_micro_batch_size_per_gpu": math.ceil(global_batch / world)}
+
+    dtype = getattr(torch, args.dtype)
+    x_all, y_all = make_dataset(args.samples)
+    x_all = x_all.to(dtype)
+    model = make_model().to(dtype)
+    sampler = elastrain.ElasticSampler(args.samples, global_batch, seed=args.seed)
+    zero = ElasticZero(model, config_for)  # before joining: DeepSpeed's first engine takes seconds
+    elastrain.init()
+    state = elastrain.State(model=model, sampler=sampler, epoch=0)
+    state.keep(zero)
+
+    @elastrain.run
+    def train(state: elastrain.State) -> None:
+        # re-entered after every resize, with a new engine: it resumes from the committed position
+        reported = state.world_size
+        if zero.last_resize is not None and state.rank == 0 and zero.last_resize.from_world:
+            r = zero.last_resize
+            print(
+                f"resized in place at step {state.step}: dp {r.from_world} -> {r.to_world}, rebuild "
+                f"{r.seconds:.3f}s, {r.received_bytes} bytes from peers",
+                flush=True,
+            )
+        while state.epoch < args.epochs:
+            sampler.set_epoch(state.epoch)
+            for indices in sampler:
+                step = sampler.current()
+                assert step is not None
+                engine = zero.engine
+                loss_sum = F.cross_entropy(engine(x_all[indices]), y_all[indices], reduction="sum")
+                zero.backward(loss_sum * state.world_size / step.size)  # ZeRO averages over ranks
+                zero.step()
+                state.commit(loss_sum / max(1, len(indices)))
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
+                if args.hold_file is not None and args.hold_file.exists():
+                    time.sleep(0.25)  # a test slows the job between its resizes (each commit sees them)
+            if state.rank == 0:
+                print(f"epoch {state.epoch} done: world {reported}, step {state.step}", flush=True)
+            state.epoch += 1
+
+    train(state)
+    if args.params_out is not None and elastrain.rank() == 0:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.params_out)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(native_main() if NATIVE else main())

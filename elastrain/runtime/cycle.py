@@ -28,7 +28,7 @@ from elastrain.runtime.checkpoint import (
     check_model_matches,
     load_checkpoint,
 )
-from elastrain.runtime.collective import describe
+from elastrain.runtime.collective import describe, peer_failures
 from elastrain.runtime.connection import Runtime, get_runtime
 from elastrain.runtime.data import StepSlice
 from elastrain.runtime.gradsync import GradientSync, StepShape
@@ -52,6 +52,7 @@ class GenerationCycle:
         self.last_world = 0
         self.resumed = False
         self.agreed_pending: bool | None = None  # rode along the gradient all-reduce of this step
+        self.processed_step: int | None = None  # the step whose samples the ledger has (its all-reduce)
         self.samples_total = 0
         self.progress = ProgressReporter()
         self.grads = GradientSync(self._overlap_shape)
@@ -118,6 +119,7 @@ class GenerationCycle:
         if generation is None:  # a plain script: a world of one
             if not self.resumed:
                 self._resume()
+                self._regroup_parts(0)
             return
         if self.synced_generation == generation.number:
             return
@@ -125,6 +127,7 @@ class GenerationCycle:
             self._resume()  # a fresh job: the source loads the checkpoint, the broadcast spreads it
         if generation.sync_state and generation.world_size > 1:
             state.broadcast(generation.src_rank, rt.rank, rt.groups.device)
+        self._regroup_parts(generation.number)
         self.synced_generation = generation.number
         rt.ledger.generation(generation.number, rt.rank, rt.world_size, state.step, generation.cause.value)
         if state.sampler is not None:
@@ -133,6 +136,19 @@ class GenerationCycle:
         self.last_world = new
         if old and old != new:
             state.resized(old, new)
+
+    def _regroup_parts(self, generation: int) -> None:
+        """The state's parts rebuild for this generation (collectives: a failure is a peer failure)."""
+        for part in self.state.parts:
+            with peer_failures(f"{type(part).__name__} rebuilding for generation {generation}"):
+                part.regrouped(self.rt.rank, self.rt.world_size, self.state.step, generation)
+
+    def _commit_parts(self) -> None:
+        """The state's parts keep what a new generation needs of this committed step."""
+        number = self.rt.generation.number if self.rt.generation is not None else 0
+        for part in self.state.parts:
+            with peer_failures(f"{type(part).__name__} at the commit of step {self.state.step}"):
+                part.committed(self.rt.rank, self.rt.world_size, self.state.step, number)
 
     def _stop_if_coordinator_gone(self) -> None:
         """The coordinator never came back: rank 0 writes a durable checkpoint; `CoordinatorGone` (exit 3)."""
@@ -181,6 +197,7 @@ class GenerationCycle:
             shape = StepShape(1, world, True)
         if current is not None and rt.generation is not None:
             rt.ledger.processed(rt.generation.number, current.epoch, state.step, current.indices)
+            self.processed_step = state.step
         params = [p for p in state.model.parameters() if p.requires_grad]
         total, self.agreed_pending = self.grads.allreduce(
             params, shape, loss_reduction, rt.pending(), collective, rt.context.bucket_bytes
@@ -198,6 +215,7 @@ class GenerationCycle:
         self.state.advance()
         if self.rt.rendezvous is not None:
             self.rt.rendezvous.committed_step = self.state.step
+        self._commit_parts()
         self._report_progress(loss, first_of_generation)
         self._save_checkpoint()
         if self._generation_pending():
@@ -214,6 +232,8 @@ class GenerationCycle:
     def _record_commit(self, generation: Generation, batch: StepSlice | None) -> None:
         """The ledger's committed record of this step."""
         epoch = batch.epoch if batch is not None else getattr(self.state, "epoch", 0)
+        if batch is not None and self.processed_step != self.state.step:  # no elastrain all-reduce (ZeRO)
+            self.rt.ledger.processed(generation.number, batch.epoch, self.state.step, batch.indices)
         self.rt.ledger.committed(generation.number, epoch, self.state.step, self.rt.world_size)
 
     def _report_first_step(self, generation: Generation) -> bool:

@@ -29,6 +29,21 @@ if TYPE_CHECKING:
 ResizeHook = Callable[[int, int], None]
 
 
+class StatePart(Protocol):
+    """State the cycle keeps across generations beside the model, optimizer and sampler, which the
+    part itself moves between ranks (a ZeRO optimizer's partitions: `elastrain.deepspeed`).
+
+    Both calls are collectives of every rank of the current group (the default process group); a
+    `RuntimeError` from them is a peer failure (the loop rejoins).
+    """
+
+    def committed(self, rank: int, world: int, step: int, generation: int) -> None:
+        """Step `step` is committed on every rank: keep what a new generation will need."""
+
+    def regrouped(self, rank: int, world: int, step: int, generation: int) -> None:
+        """A new generation's group is built and its state synced at `step`: rebuild for `world`."""
+
+
 class StepDriver(Protocol):
     """What drives a `State` through steps and generations (`GenerationCycle`)."""
 
@@ -71,6 +86,7 @@ class State:
             setattr(self, name, value)
         self._committed_counters = self._counters()
         self._resize_hooks: list[ResizeHook] = []
+        self.parts: list[StatePart] = []
         self._driver: StepDriver | None = None
         if sampler is not None:
             sampler.bind(self._rank_and_world)
@@ -104,6 +120,11 @@ class State:
     def on_resize(self, hook: ResizeHook) -> None:
         """Call ``hook(old_world, new_world)`` after every change of world size (e.g. scale the LR)."""
         self._resize_hooks.append(hook)
+
+    def keep(self, part: StatePart) -> None:
+        """Keep `part` across generations too (its `committed` after each commit, its `regrouped` once
+        per generation after the state sync)."""
+        self.parts.append(part)
 
     def resized(self, old: int, new: int) -> None:
         """Run the `on_resize` hooks (the cycle calls it when the world size changed)."""
@@ -226,4 +247,4 @@ def load_broadcast(data: io.BytesIO, src_rank: int) -> dict[str, Any]:
     return state
 
 
-__all__ = ["BatchPolicy", "State", "StepDriver", "load_broadcast"]
+__all__ = ["BatchPolicy", "State", "StatePart", "StepDriver", "load_broadcast"]

@@ -176,6 +176,20 @@ class JobIncident(Body):
     )
 
 
+class JobResize(BaseModel):
+    """A generation change of a job after its start (a resize, or a recovery from a failure)."""
+
+    at: UtcDatetime = Field(description="when the coordinator decided the change (else when it formed)")
+    from_world: int = Field(description="workers before")
+    to_world: int = Field(description="workers after")
+    cause: Cause
+    pause_s: float | None = Field(description="from the decision to the first step at the new size")
+    restarted_processes: int = Field(
+        description="the job's processes started again for it: 0 for an in-place resize (elastrain run, "
+        "Horovod, DeepSpeed ZeRO-1/2), every worker for a torchrun-style script in restart mode"
+    )
+
+
 class JobOut(BaseModel):
     """A job: command, status and its last reported progress."""
 
@@ -197,3 +211,7 @@ class JobOut(BaseModel):
     max_platform_restarts: int = Field(default=3, description="the budget of platform_restarts")
     user_restarts: int = Field(default=0, description="starts after the command exited non-zero")
     max_user_restarts: int = Field(default=0, description="the budget of user_restarts (`retries`)")
+    resizes: list[JobResize] | None = Field(
+        default=None,
+        description="its generation changes after the start, oldest first (GET /jobs/{id}; null in lists)",
+    )

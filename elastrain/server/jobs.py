@@ -64,6 +64,7 @@ from elastrain.server.job_files import (
 )
 from elastrain.server.job_limits import check_running_jobs
 from elastrain.server.job_reads import JobFiles
+from elastrain.server.job_resizes import resizes_from
 from elastrain.server.membership import JobMembership
 from elastrain.server.rate import RateLimiter
 from elastrain.server.reconciler import aware, container_spec, tenant_uid
@@ -254,9 +255,13 @@ class JobService:
         return job, cluster.name if cluster else "?"
 
     def get(self, user: User, job_id: int) -> schemas.JobOut:
-        """One job."""
+        """One job, with its resizes."""
         with self.db.session() as session:
-            return job_out(*self._job(session, user, job_id))
+            job, cluster = self._job(session, user, job_id)
+            out = job_out(job, cluster)
+            found = self._job_events(session, job, cluster, EventAction.job_incident)
+            out.resizes = resizes_from((aware(event.at) or event.at, detail) for event, detail in found)
+            return out
 
     def list(self, user: User, cluster: str | None = None) -> list[schemas.JobOut]:
         """The caller's jobs (optionally of one cluster)."""

@@ -250,6 +250,37 @@ def test_incident_times_are_answered_as_rfc3339_utc(
         )  # fmt: skip
 
 
+def test_a_job_answers_its_resizes_with_their_pauses_and_restarted_processes(
+    api: tuple[TestClient, Path],
+) -> None:
+    client, root = api
+    _cluster(client, "rs")
+    base = {"start_step": 0, "steps_lost": 0, "detect_s": 0.0}
+    job = _job(
+        root,
+        "rs",
+        {**base, "generation": 0, "cause": "start", "world_size": 2, "formed_at": 1764616600.0},
+        {**base, "generation": 2, "cause": "scale_in", "world_size": 3, "recover_s": 0.03,
+         "detected_at": 1764616640.0},
+        {**base, "generation": 1, "cause": "scale_out", "world_size": 4, "recover_s": 0.57,
+         "detected_at": 1764616630.0},
+        {**base, "generation": 3, "cause": "worker_failure", "world_size": 2, "restarted": True},
+    )  # fmt: skip
+    answer = client.get(f"/api/v1/jobs/{job}")
+    assert answer.status_code == 200, answer.text
+    resizes = answer.json()["resizes"]
+    assert [
+        (r["from_world"], r["to_world"], r["cause"], r["pause_s"], r["restarted_processes"]) for r in resizes
+    ] == [
+        (2, 4, "scale_out", 0.57, 0),
+        (4, 3, "scale_in", 0.03, 0),
+        (3, 2, "worker_failure", None, 2),
+    ]
+    assert resizes[0]["at"] == "2025-12-01T19:17:10Z"
+    listed = client.get("/api/v1/jobs").json()
+    assert [j["resizes"] for j in listed if j["id"] == job] == [None]  # lists do not read the events
+
+
 def test_log_headers_images_and_metrics_bounds_in_the_schema(spec: dict[str, Any]) -> None:
     logs = spec["paths"]["/api/v1/jobs/{job_id}/logs"]["get"]["responses"]["200"]["headers"]
     assert _resolve(spec, logs["X-Job-Status"]["schema"])["enum"] == [s.value for s in JobStatus]
@@ -392,7 +423,7 @@ def _cluster(client: TestClient, name: str) -> None:
         assert made.status_code == 201, made.text
 
 
-def _job(root: Path, cluster: str, incident: dict[str, Any] | None = None) -> int:
+def _job(root: Path, cluster: str, incident: dict[str, Any] | None = None, *more: dict[str, Any]) -> int:
     """A finished job of `cluster` and its events (with `incident`: a ``job.incident`` of that detail
     too), written as SQLite keeps them (naive UTC)."""
     db = Database(f"sqlite:///{root / 'data' / 'elastrain.db'}")
@@ -413,9 +444,9 @@ def _job(root: Path, cluster: str, incident: dict[str, Any] | None = None) -> in
             session.add(job)
             session.flush()
             add_event(session, "admin", EventAction.job_submitted, cluster, row.owner_id, job=job.id)
-            if incident is not None:
+            for detail in [incident, *more] if incident is not None else []:
                 add_event(session, "elastrain run", EventAction.job_incident, cluster, row.owner_id,
-                          **incident, job=job.id)  # fmt: skip
+                          **detail, job=job.id)  # fmt: skip
             return int(job.id)
     finally:
         db.dispose()

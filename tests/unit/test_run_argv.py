@@ -176,9 +176,10 @@ def test_mode_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     (tmp_path / "ds.py").write_text("from elastrain.frameworks.deepspeed_elastic import x\n")
     assert not uses_elastrain(["python", "ds.py"])  # helpers for restart-mode scripts
     assert not uses_elastrain(["python", "-c", "import elastrain.frameworks.megatron_cpu"])
-    for name in ("deepspeed_train.py", "megatron_gpt.py", "torchrun_ddp.py"):
+    for name in ("megatron_gpt.py", "torchrun_ddp.py"):
         assert not uses_elastrain(["python", str(REPO / "examples" / name)]), name
-    for name in ("mnist_elastic.py", "horovod_mnist_elastic.py"):
+    # deepspeed_train.py imports elastrain.deepspeed for its in-place path: native unless --mode restart
+    for name in ("mnist_elastic.py", "horovod_mnist_elastic.py", "deepspeed_train.py"):
         assert uses_elastrain(["python", str(REPO / "examples" / name)]), name
     assert not uses_elastrain(["python", "plain.py", "native.py"])
     assert not uses_elastrain(["python", "-c", "print('hi')"])

@@ -119,6 +119,14 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   }
 
+  // "2 -> 4 in 0.57 s, 4 -> 3 in 0.03 s; 0 processes restarted": what each resize cost the job
+  function resizeSummary(resizes) {
+    const steps = resizes.map((r) => `${r.from_world} → ${r.to_world}` +
+      (r.pause_s == null ? "" : ` in ${r.pause_s.toFixed(2)} s`));
+    const restarted = resizes.reduce((n, r) => n + r.restarted_processes, 0);
+    return `${steps.join(", ")}; ${restarted} process${restarted === 1 ? "" : "es"} restarted`;
+  }
+
   function showJob(j) {
     $("job-status").replaceChildren(stateBadge(j.status));
     const link = $("job-cluster-link");
@@ -132,6 +140,7 @@ document.addEventListener("DOMContentLoaded", () => {
       ["World size", j.world_size ?? "-"],
     ];
     items.push(["Incidents", incidentCounts.incidents]);
+    if (j.resizes && j.resizes.length) items.push(["Resizes", resizeSummary(j.resizes)]);
     if (incidentCounts.restarts != null) items.push(["Restarts", incidentCounts.restarts]);
     if (j.tensorboard_dir) items.push(["TensorBoard", el("code", {}, j.tensorboard_dir)]);
     if (j.finished_at) items.push(["Finished", formatTime(j.finished_at)], ["Exit code", j.exit_code ?? "-"]);

@@ -1,0 +1,128 @@
+"""DeepSpeed ZeRO-2 resized in place under `elastrain run` (native mode), with real processes (gloo).
+
+The survivors of every resize and of a kill -9 keep their PIDs: no process restarts, no checkpoint
+file; the ZeRO partitions move between the ranks' memories (`elastrain.deepspeed.ElasticZero`). In
+float64 the weights after 2 -> 4 -> 3 -> 2 equal a fixed 2-rank run's within 1e-6, and every sample
+is used once per epoch (elastrain's ledger).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from elastrain.report import build_report
+from elastrain.testing.jobs import REPO, ElasticJob, hosts
+
+pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.timeout(400)
+
+EXAMPLE = REPO / "examples" / "deepspeed_train.py"
+CONFIG = REPO / "examples" / "ds_zero2.json"
+EPOCHS = 2
+SAMPLES = 4096  # 64 steps of 64 per epoch
+
+
+def command(workdir: Path, sleep: float = 0.05) -> list[str]:
+    """The shipped example in float64, slowed per step while `workdir/slow` exists (the faults)."""
+    slow = workdir / "slow"
+    slow.touch()
+    return [
+        "python", str(EXAMPLE), "--deepspeed_config", str(CONFIG), "--epochs", str(EPOCHS),
+        "--samples", str(SAMPLES), "--dtype", "float64", "--params-out", str(workdir / "params.pt"),
+        "--step-sleep", str(sleep), "--hold-file", str(slow),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The weights of a fixed 2-rank run: what every resized run must end with."""
+    work = tmp_path_factory.mktemp("reference")
+    job = ElasticJob(work, hosts(2), ["-np", "2"], command(work, sleep=0.0))
+    try:
+        (work / "slow").unlink()
+        assert job.wait() == 0, job.output()
+    finally:
+        job.cleanup()
+    return dict(torch.load(work / "params.pt"))
+
+
+@pytest.fixture
+def ds_job(tmp_path: Path) -> Callable[..., ElasticJob]:
+    jobs: list[ElasticJob] = []
+
+    def start(n: int, run_args: list[str]) -> ElasticJob:
+        job = ElasticJob(tmp_path, hosts(n), run_args, command(tmp_path))
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.cleanup()
+
+
+def assert_same_weights(reference: dict[str, torch.Tensor], path: Path) -> None:
+    final = torch.load(path)
+    for name, ref in reference.items():
+        diff = (ref - final[name]).abs().max().item()
+        assert diff < 1e-6, (name, diff)
+
+
+def pids(generation: dict) -> dict[str, int]:
+    return {m["worker_id"]: m["pid"] for m in generation["members"]}
+
+
+def epochs_once(report: dict) -> None:
+    assert [e["epoch"] for e in report["epochs"]] == list(range(EPOCHS)), report["epochs"]
+    for epoch in report["epochs"]:
+        assert epoch["duplicates"] == 0 and epoch["missing"] == 0, epoch
+
+
+def test_zero2_resizes_2_4_3_2_in_place_with_the_fixed_size_trajectory(
+    ds_job: Callable[..., ElasticJob], tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    job = ds_job(2, ["--min-np", "2", "--max-np", "4", "--join-grace", "20"])
+    first = job.wait_world(2, 3)
+    job.set_hosts(hosts(4))
+    grown = job.wait_world(4, 3)
+    job.set_hosts(hosts(3))
+    job.wait_world(3, 3)
+    job.set_hosts(hosts(2))
+    last = job.wait_world(2, 3)
+    (tmp_path / "slow").unlink()
+    assert job.wait() == 0, job.output()
+    original = pids(first)
+    assert {w: p for w, p in pids(grown).items() if w in original} == original  # no restart
+    assert pids(last) == original
+    report = build_report(job.ledger, SAMPLES)
+    assert [g["world_size"] for g in report["generations"]] == [2, 4, 3, 2]
+    assert len(re.findall(r"resized in place at step \d+: dp \d -> \d", job.output())) == 3, job.output()[
+        -3000:
+    ]
+    epochs_once(report)
+    assert_same_weights(reference, tmp_path / "params.pt")
+
+
+def test_a_killed_zero2_rank_costs_at_most_one_step_without_a_restart(
+    ds_job: Callable[..., ElasticJob], tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    job = ds_job(3, ["--min-np", "2", "--max-np", "3"])
+    gen = job.wait_world(3, 3)
+    victim = gen["members"][1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    after = job.wait_world(2, 2)
+    (tmp_path / "slow").unlink()
+    assert job.wait() == 0, job.output()
+    survivors = {w: p for w, p in pids(gen).items() if w != victim["worker_id"]}
+    assert pids(after) == survivors  # the survivors rebuilt the lost partition from its replica
+    report = build_report(job.ledger, SAMPLES)
+    failure = next(g for g in report["generations"] if g["cause"] == "worker_failure")
+    assert failure["steps_lost"] <= 1, failure
+    epochs_once(report)
+    assert_same_weights(reference, tmp_path / "params.pt")
