@@ -24,17 +24,18 @@ pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.timeout(400)
 
 EXAMPLE = REPO / "examples" / "deepspeed_train.py"
-CONFIG = REPO / "examples" / "ds_zero2.json"
+ZERO2 = REPO / "examples" / "ds_zero2.json"
+ZERO1 = REPO / "examples" / "ds_zero1.json"
 EPOCHS = 2
 SAMPLES = 4096  # 64 steps of 64 per epoch
 
 
-def command(workdir: Path, sleep: float = 0.05) -> list[str]:
+def command(workdir: Path, sleep: float = 0.05, config: Path = ZERO2) -> list[str]:
     """The shipped example in float64, slowed per step while `workdir/slow` exists (the faults)."""
     slow = workdir / "slow"
     slow.touch()
     return [
-        "python", str(EXAMPLE), "--deepspeed_config", str(CONFIG), "--epochs", str(EPOCHS),
+        "python", str(EXAMPLE), "--deepspeed_config", str(config), "--epochs", str(EPOCHS),
         "--samples", str(SAMPLES), "--dtype", "float64", "--params-out", str(workdir / "params.pt"),
         "--step-sleep", str(sleep), "--hold-file", str(slow),
     ]  # fmt: skip
@@ -57,8 +58,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
 def ds_job(tmp_path: Path) -> Callable[..., ElasticJob]:
     jobs: list[ElasticJob] = []
 
-    def start(n: int, run_args: list[str]) -> ElasticJob:
-        job = ElasticJob(tmp_path, hosts(n), run_args, command(tmp_path))
+    def start(n: int, run_args: list[str], config: Path = ZERO2) -> ElasticJob:
+        job = ElasticJob(tmp_path, hosts(n), run_args, command(tmp_path, config=config))
         jobs.append(job)
         return job
 
@@ -109,10 +110,11 @@ def test_zero2_resizes_2_4_3_2_in_place_with_the_fixed_size_trajectory(
     assert_same_weights(reference, tmp_path / "params.pt")
 
 
-def test_a_killed_zero2_rank_costs_at_most_one_step_without_a_restart(
+def test_a_killed_zero1_rank_costs_at_most_one_step_without_a_restart(
     ds_job: Callable[..., ElasticJob], tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
-    job = ds_job(3, ["--min-np", "2", "--max-np", "3"])
+    """ZeRO-1 (optimizer state partitioned, gradients all-reduced) ends where the ZeRO-2 reference does."""
+    job = ds_job(3, ["--min-np", "2", "--max-np", "3"], ZERO1)
     gen = job.wait_world(3, 3)
     victim = gen["members"][1]
     os.kill(victim["pid"], signal.SIGKILL)
