@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             dirty = True
             step_times.append(time.perf_counter() - t0)
             if log is not None:
-                line = {"epoch": step.epoch, "start": step.start, "world": world, "rank": rank}
+                line = {"epoch": step.epoch, "start": step.start, "world": world, "rank": rank, "t": time.time()}
                 log.write(json.dumps({**line, "ids": indices}) + "\n")
                 log.flush()
             if steps_here == 1 and rank == 0:

@@ -3,9 +3,14 @@
 ``ElasticZero`` owns a DeepSpeed engine for an ``elastrain run`` job (native mode) and is kept by the
 job's `State` (``state.keep(zero)``), so the generation cycle calls it:
 
-* at every commit (`committed`): it copies this rank's partition (fp32 master weights and the base
-  optimizer's state) into a `Piece` and, with `replicas`, sends it to the next rank of the ring and
-  receives the previous rank's: every partition is in two ranks' memory, as of the committed step.
+* at every commit (`committed`, before the step counts as committed): it copies this rank's partition
+  (fp32 master weights and the base optimizer's state) into a `Piece` and, with `replicas`, sends it
+  to the next rank of the ring, receives the previous rank's and waits until every rank has its
+  copies: a step is committed only when every partition is in two ranks' memory (the previous step's
+  copies are kept until then, for a failure in between).
+* when every rank stops together for a planned change (`interrupted`: a scale-out or scale-in, the
+  old group still works): every rank gathers every partition, since the ranks that leave may be ring
+  neighbours, whose copies would leave with them.
 * once per new generation (`regrouped`, after the group is built and the counters, sampler and model
   are synced): the members say which pieces they hold; for each rank of the last complete layout at
   the committed step one holder broadcasts its piece; every member builds a fresh engine for the new
@@ -16,9 +21,10 @@ job's `State` (``state.keep(zero)``), so the generation cycle calls it:
   a partition are gone the job ends with `ZeroStateLost` (start it again with ``--resume auto``
   from a durable checkpoint).
 
-Memory: with `replicas`, two more copies of a partition per rank (its own snapshot and its
-neighbour's), i.e. 2 x (master weights + optimizer state) / world. Per step: one copy of the partition
-and one ring exchange of it. Commit after ``zero.step()`` only (gradient accumulation boundaries).
+Memory: with `replicas`, up to four more copies of a partition per rank (its own and its neighbour's,
+of this step and the previous one), i.e. 4 x (master weights + optimizer state) / world. Per step: one
+copy of the partition, one ring exchange of it and a barrier. Commit after ``zero.step()`` only
+(gradient accumulation boundaries).
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ from elastrain.errors import ConfigError, ElastrainError
 from elastrain.runtime.collective import peer_failures
 
 log = logging.getLogger("elastrain.deepspeed")
-OFFERS = 4  # pieces a member may hold at once: its own and a replica, of the last two layouts
 ConfigFor = Callable[[int], dict[str, Any]]
 
 
@@ -142,14 +147,37 @@ class ElasticZero:
 
     # ----- the generation cycle's calls (`elastrain.runtime.state.StatePart`) ----------------------------
     def committed(self, rank: int, world: int, step: int, generation: int) -> None:
-        """Snapshot this rank's partition at `step`; with `replicas`, swap copies around the ring."""
+        """Snapshot this rank's partition at `step`; with `replicas`, swap copies around the ring, then
+        wait until every rank holds its copies (so no rank commits `step` unless every copy exists;
+        the previous step's copies stay for a failure before that)."""
         own = self._snapshot(rank, world, step, generation)
-        held = [own]
+        keep = [
+            p
+            for p in self._held
+            if (p.step == step - 1 and p.generation == generation)
+            or (p.step == step and p.generation != generation)
+        ]
+        self._held = [own, *keep]
         if self.replicas and world > 1:
-            held.append(self._swap(own, rank, world))
-        # right after a rebuild, the old layout's pieces of the same step stay until this one is whole
-        older = [p for p in self._held if p.step == step and p.generation != generation]
-        self._held = (held + older)[:OFFERS]
+            replica = self._swap(own, rank, world)
+            self._held = [own, replica, *keep]
+            dist.barrier()
+
+    def interrupted(self, rank: int, world: int, step: int, generation: int) -> None:
+        """Before a planned change every rank gathers every partition of `step` (leavers may be
+        neighbours: a ring replica would leave with them)."""
+        own = next(
+            (p for p in self._held if (p.rank, p.step, p.generation) == (rank, step, generation)), None
+        )
+        if own is None or world < 2:
+            return
+        flats = [torch.empty_like(own.flat) for _ in range(world)]
+        dist.all_gather(flats, own.flat)
+        self._held = [own] + [
+            Piece(r, world, step, generation, own.names, own.sizes, own.totals, flats[r], own.extra)
+            for r in range(world)
+            if r != rank
+        ]
 
     def regrouped(self, rank: int, world: int, step: int, generation: int) -> None:
         """Rebuild the engine for `world` and load this rank's partition of the state at `step`."""
@@ -262,8 +290,16 @@ class ElasticZero:
 
     # ----- the rebuild -----------------------------------------------------------------------------------
     def _gather_offers(self, world: int) -> list[Offer]:
-        mine = torch.full((OFFERS, 4), -1, dtype=torch.int64)
-        for i, piece in enumerate(self._held[:OFFERS]):
+        """Every member's pieces (rank, world, step, generation): a count each, then the padded lists."""
+        count = torch.tensor([len(self._held)], dtype=torch.int64)
+        counts = [torch.zeros_like(count) for _ in range(world)]
+        if world > 1:
+            dist.all_gather(counts, count)
+        else:
+            counts = [count]
+        most = max(int(c) for c in counts)
+        mine = torch.full((max(most, 1), 4), -1, dtype=torch.int64)
+        for i, piece in enumerate(self._held):
             mine[i] = torch.tensor([piece.rank, piece.world, piece.step, piece.generation])
         rows = [torch.empty_like(mine) for _ in range(world)]
         if world > 1:
@@ -271,7 +307,7 @@ class ElasticZero:
         else:
             rows = [mine]
         offers = []
-        for slot in range(OFFERS):  # every member's own piece (slot 0) before any replica
+        for slot in range(mine.shape[0]):  # every member's own piece (slot 0) before any copy
             for member, row in enumerate(rows):
                 r, w, s, g = (int(v) for v in row[slot])
                 if r >= 0:

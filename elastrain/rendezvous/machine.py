@@ -159,11 +159,13 @@ class CoordinatorMachine(GenerationMachine):
 
     def _on_close(self, peer: PeerRef, who: Identity) -> None:
         if who.role == Role.AGENT:
+            # only the host's current agent: an old one (its host removed, then added back) may close
+            # after the new one started workers there, which are not its own
             if self.agents.get(who.host) == peer:
                 del self.agents[who.host]
-            for record in self.workers.values():
-                if record.host == who.host and record.state == WorkerState.STARTING:
-                    record.state = WorkerState.DEAD
+                for record in self.workers.values():
+                    if record.host == who.host and record.state == WorkerState.STARTING:
+                        record.state = WorkerState.DEAD
         elif who.role == Role.WORKER:
             worker = self.workers.get(who.worker_id)
             if worker is not None and worker.peer == peer and worker.state in LIVE:

@@ -86,6 +86,7 @@ class GenerationCycle:
                 result = func(state, *args, **kwargs)
             except HostsUpdatedInterrupt:
                 self._stop_if_coordinator_gone()
+                self._hand_over_parts()
                 rt.invalidate()
                 self.rollback()
                 continue
@@ -143,12 +144,24 @@ class GenerationCycle:
             with peer_failures(f"{type(part).__name__} rebuilding for generation {generation}"):
                 part.regrouped(self.rt.rank, self.rt.world_size, self.state.step, generation)
 
-    def _commit_parts(self) -> None:
-        """The state's parts keep what a new generation needs of this committed step."""
+    def _hand_over_parts(self) -> None:
+        """All ranks stopped together for a new generation: the state's parts hand over what may leave
+        (over the old group, which still works; if it fails, the next generation makes do without)."""
         number = self.rt.generation.number if self.rt.generation is not None else 0
         for part in self.state.parts:
-            with peer_failures(f"{type(part).__name__} at the commit of step {self.state.step}"):
-                part.committed(self.rt.rank, self.rt.world_size, self.state.step, number)
+            try:
+                with peer_failures(f"{type(part).__name__} handing over before generation {number + 1}"):
+                    part.interrupted(self.rt.rank, self.rt.world_size, self.state.step, number)
+            except MembershipChange as exc:
+                log.warning("%s: %s", self.rt.context.worker_id, describe(exc))
+
+    def _commit_parts(self, step: int) -> None:
+        """The state's parts keep what a new generation needs of `step`, before it is committed (a
+        failure here leaves it uncommitted: the step is done again)."""
+        number = self.rt.generation.number if self.rt.generation is not None else 0
+        for part in self.state.parts:
+            with peer_failures(f"{type(part).__name__} at the commit of step {step}"):
+                part.committed(self.rt.rank, self.rt.world_size, step, number)
 
     def _stop_if_coordinator_gone(self) -> None:
         """The coordinator never came back: rank 0 writes a durable checkpoint; `CoordinatorGone` (exit 3)."""
@@ -206,6 +219,7 @@ class GenerationCycle:
 
     def commit(self, loss: float | torch.Tensor | None) -> None:
         """Commit the step in flight; raises `HostsUpdatedInterrupt` on every rank when a resize is due."""
+        self._commit_parts(self.state.step + 1)
         batch = self._count_samples()
         generation = self.rt.generation
         first_of_generation = False
@@ -215,7 +229,6 @@ class GenerationCycle:
         self.state.advance()
         if self.rt.rendezvous is not None:
             self.rt.rendezvous.committed_step = self.state.step
-        self._commit_parts()
         self._report_progress(loss, first_of_generation)
         self._save_checkpoint()
         if self._generation_pending():

@@ -38,7 +38,12 @@ class StatePart(Protocol):
     """
 
     def committed(self, rank: int, world: int, step: int, generation: int) -> None:
-        """Step `step` is committed on every rank: keep what a new generation will need."""
+        """Step `step` is done on every rank and about to be committed: keep what a new generation
+        will need of it (a failure here leaves the step uncommitted)."""
+
+    def interrupted(self, rank: int, world: int, step: int, generation: int) -> None:
+        """Every rank stopped together after committing `step` for a new generation, and the group
+        still works: hand over what ranks that may leave hold (a graceful scale-in)."""
 
     def regrouped(self, rank: int, world: int, step: int, generation: int) -> None:
         """A new generation's group is built and its state synced at `step`: rebuild for `world`."""
@@ -122,8 +127,9 @@ class State:
         self._resize_hooks.append(hook)
 
     def keep(self, part: StatePart) -> None:
-        """Keep `part` across generations too (its `committed` after each commit, its `regrouped` once
-        per generation after the state sync)."""
+        """Keep `part` across generations too (its `committed` after each commit, its `interrupted` when
+        all ranks stop together for a new generation, its `regrouped` once per generation after the
+        state sync)."""
         self.parts.append(part)
 
     def resized(self, old: int, new: int) -> None:

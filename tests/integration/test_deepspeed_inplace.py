@@ -110,11 +110,17 @@ def test_zero2_resizes_2_4_3_2_in_place_with_the_fixed_size_trajectory(
     assert_same_weights(reference, tmp_path / "params.pt")
 
 
-def test_a_killed_zero1_rank_costs_at_most_one_step_without_a_restart(
+def test_zero1_two_neighbours_leave_at_once_then_a_killed_rank_costs_at_most_one_step(
     ds_job: Callable[..., ElasticJob], tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
-    """ZeRO-1 (optimizer state partitioned, gradients all-reduced) ends where the ZeRO-2 reference does."""
-    job = ds_job(3, ["--min-np", "2", "--max-np", "3"], ZERO1)
+    """ZeRO-1 (optimizer state partitioned, gradients all-reduced): 4 -> 2 drops ranks 2 and 3, each
+    the other's ring replica (every rank gathers every partition before a planned change), then 3 -> a
+    kill -9 -> 2 rebuilds the dead rank's partition from its replica. It ends on the ZeRO-2 reference."""
+    job = ds_job(4, ["--min-np", "2", "--max-np", "4"], ZERO1)
+    job.wait_world(4, 3)
+    job.set_hosts(hosts(2))
+    job.wait_world(2, 3)
+    job.set_hosts(hosts(3))
     gen = job.wait_world(3, 3)
     victim = gen["members"][1]
     os.kill(victim["pid"], signal.SIGKILL)
@@ -124,6 +130,7 @@ def test_a_killed_zero1_rank_costs_at_most_one_step_without_a_restart(
     survivors = {w: p for w, p in pids(gen).items() if w != victim["worker_id"]}
     assert pids(after) == survivors  # the survivors rebuilt the lost partition from its replica
     report = build_report(job.ledger, SAMPLES)
+    assert [g["world_size"] for g in report["generations"]][:3] == [4, 2, 3]
     failure = next(g for g in report["generations"] if g["cause"] == "worker_failure")
     assert failure["steps_lost"] <= 1, failure
     epochs_once(report)

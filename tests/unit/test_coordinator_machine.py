@@ -408,6 +408,28 @@ def test_agent_disconnect_kills_its_starting_workers() -> None:
     assert s.state("h1#0") == WorkerState.DEAD and "h1" not in s.machine.agents
 
 
+def test_an_old_agent_closing_after_its_host_came_back_leaves_the_new_agents_workers_alone() -> None:
+    s = Script({"h1": 1, "h2": 1}, min_np=1, max_np=2, initial_np=2)
+    s.agent("h1")
+    s.agent("h2")
+    s.running("h1#0", "h2#0")
+    s.apply(HostsChanged({"h1": 1}))  # h2 removed: its worker leaves, its agent is stopping (slowly)
+    s.join("h1#0", step=5)
+    s.join("h2#0", step=5)
+    assert [m.worker_id for m in s.machine.generation.members] == ["h1#0"]
+    s.exited("h2#0", 0)  # it left: its agent is told to exit and forgotten
+    assert "h2" not in s.machine.agents
+    # h2 back before the old agent's connection closed: a new agent there starts a worker
+    assert StartAgent("h2") in s.apply(HostsChanged({"h1": 1, "h2": 1}))
+    hello = Hello(id=next(_ids), role=Role.AGENT, host="h2", pid=8)
+    s.send("agent:h2-new", Identity(Role.AGENT, "h2"), hello)
+    starting = [w for w, r in s.machine.workers.items() if r.host == "h2" and r.state == WorkerState.STARTING]
+    assert starting
+    s.apply(Closed(agent_peer("h2"), Identity(Role.AGENT, "h2")))  # the old agent's connection
+    assert [s.state(w) for w in starting] == [WorkerState.STARTING] * len(starting)
+    assert s.machine.agents["h2"] == "agent:h2-new"
+
+
 # ----- restart budget and --min-np ----------------------------------------------------------------
 def test_below_min_np_respawns_within_max_restarts_then_fails_after_the_elastic_timeout() -> None:
     s = Script(
