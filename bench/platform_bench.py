@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from platform_run import Replay, RunResult  # noqa: E402
-from platform_trace import (  # noqa: E402
+from platform_run import Replay, RunResult
+from platform_trace import (
     bounds,
     compress,
     idle_while_waiting,
@@ -40,10 +40,10 @@ from platform_trace import (  # noqa: E402
     work_for,
 )
 
-from elastrain.errors import ConfigError  # noqa: E402
-from elastrain.scheduler.metrics import percentile  # noqa: E402
-from elastrain.scheduler.simulator import SimResult  # noqa: E402
-from elastrain.scheduler.trace import read_trace  # noqa: E402
+from elastrain.errors import ConfigError
+from elastrain.scheduler.metrics import percentile
+from elastrain.scheduler.simulator import SimResult
+from elastrain.scheduler.trace import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = "shared/traces/philly/philly_2017-10-09_48h.csv"
@@ -61,7 +61,15 @@ def row(name: str, jct: list[float], makespan: float, idle: float, resizes: int,
     )
 
 
-HEADER = f"{'':18s} {'avg JCT':>8s} {'p50 JCT':>8s} {'max JCT':>8s} {'makespan':>9s} {'idle GPU-s':>10s} {'resizes':>8s}"
+COLUMNS = (
+    ("avg JCT", 8),
+    ("p50 JCT", 8),
+    ("max JCT", 8),
+    ("makespan", 9),
+    ("idle GPU-s", 10),
+    ("resizes", 8),
+)
+HEADER = " ".join([f"{'':18s}", *(f"{h:>{w}s}" for h, w in COLUMNS)])
 
 
 def sim_row(mode: str, res: SimResult, gpus: int) -> tuple[str, float, float]:
@@ -76,7 +84,9 @@ def platform_row(res: RunResult, gpus: int) -> tuple[str, float, float]:
     jct = [i.jct for i in res.jobs]
     idle = idle_while_waiting(res.series, gpus, res.end_s)
     failed = [i.cluster for i in res.jobs if i.status != "Succeeded"]
-    starts = [i.first_step - i.submitted for i in res.jobs if i.first_step is not None and i.submitted is not None]
+    starts = [
+        i.first_step - i.submitted for i in res.jobs if i.first_step is not None and i.submitted is not None
+    ]
     extra = f"submit -> first step avg {mean(starts):.1f} s"
     if failed:
         extra += f"; not succeeded: {', '.join(failed)}"
@@ -100,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     wall0 = time.monotonic()
     try:
         trace = select_slice(
-            read_trace(args.trace), args.jobs, args.gpus, args.start_h * 3600.0, args.min_duration, args.max_duration
+            read_trace(args.trace),
+            args.jobs,
+            args.gpus,
+            args.start_h * 3600.0,
+            args.min_duration,
+            args.max_duration,
         )
     except ConfigError as exc:
         print(f"bench-platform: {exc}", file=sys.stderr)

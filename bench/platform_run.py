@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from platform_trace import Work  # bench/ is on sys.path (run as bench/platform_bench.py)
+
 from elastrain.client import Client, ClientError, ClusterInfo
 from elastrain.scheduler.trace import TraceJob
 from elastrain.testing.processes import kill_env_tagged
 from elastrain.testing.server import ControlPlane
-
-from platform_trace import Work  # bench/ is on sys.path (run as bench/platform_bench.py)
 
 JOB_SCRIPT = Path(__file__).resolve().with_name("platform_job.py")
 TAG_ENV = "BENCH_PLATFORM_TAG"  # every process of a replay inherits it (cleanup by PID)
@@ -127,7 +127,9 @@ class Replay:
             clusters = {c.name: c for c in client.list_clusters()}
             jobs = {j["id"]: j for j in client.list_jobs()}
             now = time.monotonic() - t0
-            held = len({g for c in clusters.values() for k in c.containers if k.state in HOLDS for g in k.gpu_ids})
+            held = len(
+                {g for c in clusters.values() for k in c.containers if k.state in HOLDS for g in k.gpu_ids}
+            )
             waiting = 0
             for item in self.items:
                 info = clusters.get(item.cluster)
@@ -158,10 +160,14 @@ class Replay:
         )
         item.arrived = now
 
-    def _advance(self, client: Client, item: Replayed, info: ClusterInfo | None, jobs: dict, now: float) -> None:
+    def _advance(
+        self, client: Client, item: Replayed, info: ClusterInfo | None, jobs: dict, now: float
+    ) -> None:
         """Submit once the launcher runs; note the first step and the end; delete an ended job's cluster."""
         if item.job_id is None:
-            if info is not None and any(k.role == "launcher" and k.state == "Running" for k in info.containers):
+            if info is not None and any(
+                k.role == "launcher" and k.state == "Running" for k in info.containers
+            ):
                 low, high = self.ranges[item.cluster]
                 job = client.submit_job(item.cluster, job_command(self.works[item.cluster], low, high))
                 item.job_id, item.submitted = int(job["id"]), now

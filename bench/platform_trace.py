@@ -93,7 +93,9 @@ def compress(jobs: Sequence[TraceJob], factor: float) -> list[TraceJob]:
     if not jobs:
         return []
     first = min(j.submit_s for j in jobs)
-    return [replace(j, submit_s=(j.submit_s - first) * factor, duration_s=j.duration_s * factor) for j in jobs]
+    return [
+        replace(j, submit_s=(j.submit_s - first) * factor, duration_s=j.duration_s * factor) for j in jobs
+    ]
 
 
 def sim_config(gpus: int, restart_cost_s: float, interval_s: float = 1.0) -> SimConfig:
