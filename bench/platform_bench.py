@@ -20,6 +20,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,15 +80,17 @@ def sim_row(mode: str, res: SimResult, gpus: int) -> tuple[str, float, float]:
     return row(f"sim {SIM_POLICY[mode]}", res.jct_s, span, idle, res.resizes), mean(res.jct_s), idle
 
 
+def start_s(res: RunResult) -> float:
+    """The average time from a job's submission to its first step on the platform."""
+    return mean([i.first_step - i.submitted for i in res.jobs if i.first_step is not None and i.submitted])
+
+
 def platform_row(res: RunResult, gpus: int) -> tuple[str, float, float]:
     """The platform's line for one run; its average JCT and idle-while-waiting GPU-seconds."""
     jct = [i.jct for i in res.jobs]
     idle = idle_while_waiting(res.series, gpus, res.end_s)
     failed = [i.cluster for i in res.jobs if i.status != "Succeeded"]
-    starts = [
-        i.first_step - i.submitted for i in res.jobs if i.first_step is not None and i.submitted is not None
-    ]
-    extra = f"submit -> first step avg {mean(starts):.1f} s"
+    extra = f"submit -> first step avg {start_s(res):.1f} s"
     if failed:
         extra += f"; not succeeded: {', '.join(failed)}"
     return row(f"platform {res.mode}", jct, res.end_s, idle, res.resizes, extra), mean(jct), idle
@@ -147,9 +150,19 @@ def main(argv: list[str] | None = None) -> int:
             line, avg, idle = platform_row(res, args.gpus)
             lines.append(line)
             figures[mode] = {"avg_jct_s": avg, "idle_gpu_s": idle, "makespan_s": res.end_s,
-                             "jct_s": [i.jct for i in res.jobs], "resizes": res.resizes}  # fmt: skip
+                             "start_s": start_s(res), "resizes": res.resizes,
+                             "jobs": [i.record() for i in res.jobs]}  # fmt: skip
     print(HEADER)
     print("\n".join(lines))
+    if "static" in figures:  # diagnostic: how much of the gap is the platform's job start
+        extra = figures["static"]["start_s"]
+        late = [replace(j, duration_s=j.duration_s + extra) for j in jobs]
+        sims = {m: mean(run_sim(late, SIM_POLICY[m], config).jct_s) for m in ("static", "elastic")}
+        figures["sim_with_start"] = {"start_s": extra, **sims}
+        print(
+            f"diagnostic: the simulator with each run time {extra:.1f} s longer (static's average submit -> "
+            f"first step): elastic/static {ratio(sims['elastic'], sims['static']):.2f}"
+        )
     s = ratio(figures["sim_elastic"]["avg_jct_s"], figures["sim_static"]["avg_jct_s"])
     wall = time.monotonic() - wall0
     if args.json:

@@ -45,6 +45,14 @@ class Replayed:
     ended: float | None = None
     status: str = ""
 
+    def record(self) -> dict[str, object]:
+        """The job's times and sizes (for the JSON)."""
+        return {
+            "cluster": self.cluster, "trace_job": self.job.job_id, "gpus": self.job.num_gpus,
+            "run_s": self.job.duration_s, "arrived": self.arrived, "submitted": self.submitted,
+            "first_step": self.first_step, "ended": self.ended, "status": self.status,
+        }  # fmt: skip
+
     @property
     def jct(self) -> float:
         """Completion - arrival."""
