@@ -147,8 +147,8 @@ bench-scheduler: install
 	$(PY) bench/scheduler.py --jobs 2
 
 # a slice of the Philly trace through a real server (process backend, virtual GPUs) as real elastrain run
-# jobs, --scheduler static then the default (elastic), and the simulator on the same slice; ~13 min on 2
-# cores; the last line is `platform: jct_ratio=R idle_ratio=I sim_jct_ratio=S` (bench/README.md, Platform)
+# jobs, --scheduler static then the default (elastic), and the simulator on the same slice; 16-19 min on 2
+# busy cores; the last line is `platform: jct_ratio=R idle_ratio=I sim_jct_ratio=S` (bench/README.md)
 bench-platform: install
 	$(PY) bench/platform_bench.py --json artifacts/bench-platform.json
 
