@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-duration", type=float, default=6 * 3600.0, help="longest trace run time kept (s)")
     ap.add_argument("--makespan", type=float, default=300.0, help="static's simulated makespan (bench s)")
     ap.add_argument("--restart-cost", type=float, default=1.0, help="the simulator's stall per resize (s)")
+    ap.add_argument("--deadline", type=float, default=1200.0, help="longest replay, per policy (s)")
     ap.add_argument("--only", choices=("static", "elastic"), help="replay one policy on the platform")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--keep", type=Path, help="keep the servers' data dirs (job logs, events) here")
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.keep or Path(tmp_dir)
         for mode in modes:
             print(f"platform run: --scheduler {mode}", flush=True)
-            res = Replay(tmp, mode, args.gpus, jobs, works, ranges).run()
+            res = Replay(tmp, mode, args.gpus, jobs, works, ranges, deadline_s=args.deadline).run()
             line, avg, idle = platform_row(res, args.gpus)
             lines.append(line)
             figures[mode] = {"avg_jct_s": avg, "idle_gpu_s": idle, "makespan_s": res.end_s,

@@ -101,7 +101,7 @@ class Replay:
         works: list[Work],
         ranges: list[tuple[int, int]],
         poll_s: float = 0.5,
-        deadline_s: float = 600.0,
+        deadline_s: float = 1200.0,
     ) -> None:
         self.mode, self.gpus, self.poll_s, self.deadline_s = mode, gpus, poll_s, deadline_s
         self.tag = f"{root.name}-{mode}-{os.getpid()}"
@@ -173,9 +173,7 @@ class Replay:
     ) -> None:
         """Submit once the launcher runs; note the first step and the end; delete an ended job's cluster."""
         if item.job_id is None:
-            if info is not None and any(
-                k.role == "launcher" and k.state == "Running" for k in info.containers
-            ):
+            if info is not None and info.running("launcher"):
                 low, high = self.ranges[item.cluster]
                 job = client.submit_job(item.cluster, job_command(self.works[item.cluster], low, high))
                 item.job_id, item.submitted = int(job["id"]), now
