@@ -21,7 +21,7 @@ LANE2_MARKS := $(LANE2_RUN) or k8s
 REST_TESTS  := $(filter-out $(FAST_TESTS) tests/k8s tests/__pycache__,$(patsubst %/,%,$(wildcard tests/*/))) \
                $(wildcard tests/test_*.py)
 
-.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps postgres-deps image test-fast test-fast-bare audit openapi fuzz bench-scheduler k8s-deps test-k8s
+.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps postgres-deps image test-fast test-fast-bare audit openapi fuzz bench-scheduler bench-platform k8s-deps test-k8s
 
 install: $(STAMP)
 
@@ -145,6 +145,12 @@ bench: install
 # scheduler policies on the Philly trace windows (simulated; prints avg/p99 JCT per policy and GPU count)
 bench-scheduler: install
 	$(PY) bench/scheduler.py --jobs 2
+
+# a slice of the Philly trace through a real server (process backend, virtual GPUs) as real elastrain run
+# jobs, --scheduler static then the default (elastic), and the simulator on the same slice; 16-19 min on 2
+# busy cores; the last line is `platform: jct_ratio=R idle_ratio=I sim_jct_ratio=S` (bench/README.md)
+bench-platform: install
+	$(PY) bench/platform_bench.py --json artifacts/bench-platform.json
 
 clean:
 	rm -rf $(VENV) artifacts build *.egg-info
