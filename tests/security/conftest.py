@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -45,7 +46,7 @@ class AttackTally:
         node, previous = report.nodeid, self.outcomes.get(report.nodeid)
         for name, value in report.user_properties:
             if name == REPLAYS:
-                self.replays[node] = tuple(value)
+                self.replays[node] = tuple(str(v) for v in cast(Iterable[object], value))
         if report.when == "call" and (hasattr(report, "wasxfail") or _strict_xpass(report)):
             # xfail: the attack still works and is known to (a finding not fixed yet); a strict
             # XPASS fails the run, but the attack was refused
@@ -64,7 +65,7 @@ class AttackTally:
 
     def named(self, outcome: str) -> list[str]:
         """The attacks that ended with `outcome`, by the findings they replay (else their node id)."""
-        names = set()
+        names: set[str] = set()
         for node, value in self.outcomes.items():
             if value == outcome:
                 names.update(self.replays.get(node) or (node,))
@@ -72,7 +73,8 @@ class AttackTally:
 
     def replayed(self, issue: int) -> tuple[set[str], set[str]]:
         """Issue `issue`'s findings whose replay ran (whatever its outcome), and those only skipped."""
-        ran, skipped = set(), set()
+        ran: set[str] = set()
+        skipped: set[str] = set()
         for node, findings in self.replays.items():
             mine = {f for f in findings if issue_of(f) == issue}
             (ran if self.outcomes.get(node) in TRIED else skipped).update(mine)

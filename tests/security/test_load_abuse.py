@@ -9,9 +9,11 @@ every WebSocket with one 200 MB message, which he keeps opening through the port
 (``29.lab-message``). Meanwhile 20 clients of 4 other tenants (5 each) list, get and scale their own clusters.
 
 Asserted: the well-behaved clients' p99 <= 1 s, none of their requests failed or answered other than
-2xx, the abuser got only the refusals expected (409/503 for the FIFO, 429 beyond the exec cap, 1009 for
-the bomb), and the server's RSS grew < 200 MB. The figures are printed under the security line.
-``ELASTRAIN_LOAD_SECONDS`` changes the 25 s of abuse.
+2xx, the server's RSS grew < 200 MB and its descriptors by a few hundred at most; the abuser got only
+the refusals expected (his FIFO log 409, or 503/504 when his read slots are full or a read runs past
+its deadline; the bomb never crosses: the socket closes, or nothing arrives in `LAB_WAIT_S`; 429
+beyond the exec cap). The figures are printed under the security line. Run alone (`serial`):
+``ELASTRAIN_LOAD_ABUSE_SECONDS`` changes the 25 s of abuse.
 """
 
 from __future__ import annotations
@@ -21,13 +23,10 @@ import json
 import os
 import random
 import shlex
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import pytest
@@ -58,7 +57,7 @@ class Abuse:
     seen: dict[str, dict[str, int]] = field(default_factory=dict)
     unexpected: list[str] = field(default_factory=list)
 
-    def record(self, what: str, outcome: object, expected: set[object]) -> None:
+    def record(self, what: str, outcome: object, expected: Container[object]) -> None:
         with self.lock:
             counts = self.seen.setdefault(what, {})
             counts[str(outcome)] = counts.get(str(outcome), 0) + 1
@@ -67,14 +66,10 @@ class Abuse:
 
 
 @pytest.fixture(scope="module")
-def plane(image: str) -> Iterator[ContainerPlane]:
-    """A server of its own on the container backend (a fresh RSS baseline)."""
-    root = tempfile.mkdtemp(prefix="elastrain-load-abuse-")
-    try:
-        with container_plane(Path(root)) as started:
-            yield started
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def plane(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerPlane]:
+    """A server of its own on the container backend (a fresh RSS baseline); no container left after."""
+    with container_plane(tmp_path_factory.mktemp("load-abuse")) as started:
+        yield started
 
 
 def _exec_free(api: httpx.Client, cluster: str, command: list[str]) -> str | None:
@@ -171,6 +166,7 @@ def _lab_bomb(plane: ContainerPlane, token: str, abuse: Abuse) -> Callable[[], N
     """One opening of the lab's WebSocket through the portal; each brings a 200 MB message."""
     from websockets.exceptions import ConnectionClosed, InvalidStatus
     from websockets.sync.client import connect
+    from websockets.typing import Origin
 
     url = f"ws://127.0.0.1:{plane.port}/clusters/c-{ABUSER}/lab/api/events/subscribe"
     headers = {"Authorization": f"Bearer {token}"}
@@ -181,7 +177,7 @@ def _lab_bomb(plane: ContainerPlane, token: str, abuse: Abuse) -> Callable[[], N
             with connect(
                 url,
                 additional_headers=headers,
-                origin=plane.url,
+                origin=Origin(plane.url),
                 open_timeout=10,
                 close_timeout=1,
                 max_size=None,
@@ -200,7 +196,9 @@ def _lab_bomb(plane: ContainerPlane, token: str, abuse: Abuse) -> Callable[[], N
     return once
 
 
-def _get(api: httpx.Client, path: str, what: str, expected: set[object], abuse: Abuse) -> Callable[[], None]:
+def _get(
+    api: httpx.Client, path: str, what: str, expected: Container[int], abuse: Abuse
+) -> Callable[[], None]:
     """One GET of `path` by the abuser; its status recorded as `what`."""
 
     def once() -> None:
