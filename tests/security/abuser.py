@@ -27,6 +27,8 @@ and holds them; the report's 7,000 took the server's descriptors."""
 WS_BOMB = """
 import base64, hashlib, os, signal, socket, struct, sys, threading, time
 PORT, SIZE = int(sys.argv[1]), int(sys.argv[2])
+if not os.path.exists('/run/elastrain/api.sock'):
+    sys.exit('not in an elastrain container: this stops every jupyterlab it sees')
 for pid in os.listdir('/proc'):  # the tenant's own JupyterLab holds the lab port: he stops it
     try:
         if pid.isdigit() and b'jupyterlab' in open(f'/proc/{pid}/cmdline', 'rb').read():
