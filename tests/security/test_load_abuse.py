@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shlex
 import threading
 import time
@@ -80,6 +81,11 @@ def _exec_free(api: httpx.Client, cluster: str, command: list[str]) -> str | Non
         return None
     assert done.status_code == 200 and '"exit": 0' in done.text, done.text
     return done.text
+
+
+def _output(ndjson: str) -> str:
+    """The ``out`` text of an exec answer (one JSON object a line)."""
+    return "".join(str(json.loads(line).get("out", "")) for line in ndjson.splitlines() if line.strip())
 
 
 def _exec(api: httpx.Client, cluster: str, command: list[str]) -> str:
@@ -273,9 +279,11 @@ def test_one_abusive_tenant_beside_twenty_clients(
                 thread.join(timeout=60)
             stopping = time.monotonic() - started - elapsed
         # the exec slots come back once the server notices the flood's clients are gone
-        held = wait_until(
+        flood_log = wait_until(
             lambda: _exec_free(abuser, cluster, ["cat", "/tmp/fd-flood.log"]), 60, "an exec slot"
         )
+        held = int(re.search(r"held (\d+)", _output(flood_log)).group(1))  # type: ignore[union-attr]
+        container_log = abuser.get(f"/clusters/{cluster}/logs", timeout=60)
     finally:
         stop.set()
         abuser.close()
@@ -289,8 +297,8 @@ def test_one_abusive_tenant_beside_twenty_clients(
         f"{elapsed:.0f} s ({DURATION_S:.0f} s of all abuses at once; stopping {stopping:.1f} s); statuses "
         f"{dict(sorted(stats.statuses.items()))}; latency p50 {p50:.0f} ms, p99 {p99:.0f} ms, "
         f"max {max(stats.latencies, default=0) * 1000:.0f} ms",
-        f"load+abuse: the abuser's answers {json.dumps(abuse.seen, sort_keys=True)}; his API socket "
-        f"connections: {held.splitlines()[0]}",
+        f"load+abuse: the abuser's answers {json.dumps(abuse.seen, sort_keys=True)}; he held {held} "
+        f"connections to his API socket; his container log's answer {len(container_log.content)} bytes",
         f"load+abuse: server RSS start {rss_start / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB "
         f"(+{(peak - rss_start) / 1024:.0f} MiB), end {rss_end / 1024:.0f} MiB; server CPU {cpu:.0f} s "
         f"({cpu / elapsed:.0%} of a core); descriptors start {fds[0]}, peak {max(fds)}; "
@@ -311,3 +319,7 @@ def test_one_abusive_tenant_beside_twenty_clients(
     # the abuser holds 5,000 connections to his API socket: the server, a few hundred descriptors (the
     # relay's 64 connections, 2 each; the clients' connections, the exec streams' podman pipes)
     assert max(fds) - fds[0] < 500, fds
+    assert held > 1000, flood_log  # the flood happened: far more than the relay's 64
+    lines = container_log.text.splitlines()  # the bomb landed in his log; its answer, the tail only
+    assert container_log.status_code == 200 and lines.count("x" * 99) > 5000, container_log.text[-300:]
+    assert len(container_log.content) <= 1 << 20
