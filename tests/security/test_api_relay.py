@@ -34,7 +34,7 @@ def health_through(path: Path) -> int:
         return client.get("http://relay/api/v1/healthz").status_code
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.relay-flood")
 def test_a_connection_flood_on_the_api_socket_is_capped_and_costs_nothing_beyond(tmp_path: Path) -> None:
     with start_server(tmp_path / "server") as server:
         path = tmp_path / "api.sock"
@@ -63,7 +63,7 @@ def test_a_connection_flood_on_the_api_socket_is_capped_and_costs_nothing_beyond
             relay.close()
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.relay-flood")
 def test_an_idle_connection_to_the_api_socket_is_closed(tmp_path: Path) -> None:
     with start_server(tmp_path / "server") as server:
         path = tmp_path / "api.sock"

@@ -31,7 +31,7 @@ def nice_of(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[16])
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.priority")
 def test_container_processes_run_below_the_server(ccp: ContainerPlane) -> None:
     assert ccp.proc is not None
     expected = min(19, nice_of(ccp.proc.pid) + TENANT_NICE)

@@ -18,7 +18,7 @@ from tests.security.harness import new_user, refused, start_server
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.tiny-cpus", "29.name-taken")
 def test_create_refuses_cpus_below_the_runtime_minimum_and_hides_whose_name_is_taken(tmp_path: Path) -> None:
     with start_server(tmp_path) as server:
         alice, bob = new_user(server, "cr-alice"), new_user(server, "cr-bob")

@@ -21,7 +21,7 @@ CAP = 3
 FLOOD = 12
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.exec-flood")
 def test_exec_streams_beyond_the_cap_are_refused_with_429(tmp_path: Path) -> None:
     args = ("--insecure-host-commands", "--max-exec-streams", str(CAP))
     with start_server(tmp_path, args) as server:

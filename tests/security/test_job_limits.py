@@ -25,7 +25,7 @@ RATE = 0.2  # one report each 5 s, bursts of 1: what passes does not depend on t
 FLOOD = 30
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.running-jobs", "29.report-rate")
 def test_running_jobs_and_report_rate_are_capped_per_tenant(tmp_path: Path) -> None:
     args = ("--insecure-host-commands", "--max-running-jobs", str(MAX_JOBS), "--report-rate", f"{RATE:g}")
     with start_server(tmp_path, args) as server:

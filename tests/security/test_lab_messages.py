@@ -26,7 +26,7 @@ BOMB = 200 * MIB
 CAP = 4 * MIB
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.lab-message")
 def test_a_200_mb_message_from_the_lab_closes_the_socket_unread() -> None:
     sent = 0
 

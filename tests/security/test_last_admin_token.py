@@ -16,7 +16,7 @@ from tests.security.harness import refused, start_server
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.last-admin-token")
 def test_the_last_admin_token_cannot_be_revoked(tmp_path: Path) -> None:
     with start_server(tmp_path) as server:
         with server.http() as admin:

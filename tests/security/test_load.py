@@ -233,13 +233,13 @@ def _spam_terminal(server: Server, token: str, stop: threading.Event, flood: Flo
         flood.error = f"{type(exc).__name__}: {exc}"
 
 
-def _cpu_seconds(server: Server) -> float:
+def cpu_seconds(server: Server) -> float:
     """The server's user+system CPU time so far."""
     fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _monitor_rss(server: Server, stop: threading.Event, samples: list[int]) -> None:
+def monitor_rss(server: Server, stop: threading.Event, samples: list[int]) -> None:
     while not stop.wait(0.5):
         samples.append(server.rss_kib())
 
@@ -249,7 +249,7 @@ def test_fifty_tenants_and_a_terminal_flood(load_server: LoadServer, security_fi
     server = load_server.server
     tokens = _setup_tenants(load_server)
     time.sleep(1.0)  # let the reconciler settle
-    rss_start, cpu_start, t0 = server.rss_kib(), _cpu_seconds(server), time.perf_counter()
+    rss_start, cpu_start, t0 = server.rss_kib(), cpu_seconds(server), time.perf_counter()
     stop, stats, flood, samples = threading.Event(), Stats(), Flood(), [rss_start]
     threads = [
         threading.Thread(target=_tenant, args=(server, user, tokens[user], stop, stats, i, t0), daemon=True)
@@ -257,7 +257,7 @@ def test_fifty_tenants_and_a_terminal_flood(load_server: LoadServer, security_fi
     ]
     spammer = (server, tokens["load-spammer"], stop, flood)
     threads.append(threading.Thread(target=_spam_terminal, args=spammer, daemon=True))
-    threads.append(threading.Thread(target=_monitor_rss, args=(server, stop, samples), daemon=True))
+    threads.append(threading.Thread(target=monitor_rss, args=(server, stop, samples), daemon=True))
     started = time.monotonic()
     try:
         for thread in threads:
@@ -271,7 +271,7 @@ def test_fifty_tenants_and_a_terminal_flood(load_server: LoadServer, security_fi
         for thread in threads:
             thread.join(timeout=30)
     elapsed = time.monotonic() - started
-    rss_end, cpu = server.rss_kib(), _cpu_seconds(server) - cpu_start
+    rss_end, cpu = server.rss_kib(), cpu_seconds(server) - cpu_start
     log_text = (server.root / "server.log").read_text(errors="replace")
     requests = len(stats.latencies)
     p50, p99 = stats.percentile(0.5) * 1000, stats.percentile(0.99) * 1000

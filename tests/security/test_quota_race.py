@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 RACERS = 8
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.quota-race")
 @pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_concurrent_creates_cannot_pass_the_cluster_quota(
     tmp_path: Path, database: str, request: pytest.FixtureRequest

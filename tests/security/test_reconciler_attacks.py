@@ -96,7 +96,7 @@ class OneClusterHangs(FakeBackend):
         return super().create_container(spec)
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.fifo-log")
 def test_a_hanging_step_degrades_only_its_cluster(db: Database) -> None:
     """Cluster `c`'s container start hangs: bob's cluster `d` still reaches Running, each pass returns
     within the step deadline, `c` is shown Degraded (with a ``cluster.degraded`` event) while its step
@@ -135,7 +135,7 @@ def test_a_hanging_step_degrades_only_its_cluster(db: Database) -> None:
     assert actions.index("cluster.running") > actions.index("cluster.degraded")
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.mount-race")
 def test_a_mount_redirected_by_a_link_after_creation_is_refused(db: Database, tmp_path: Path) -> None:
     """A tenant swaps a directory of a mount's stored (resolved) path for a link to the server's data:
     the container is refused at start, never started with the redirected mount."""

@@ -54,7 +54,7 @@ def stop_with_a_terminal_open(server: ControlPlane, figures: list[str], framewor
         assert took < STOP_BOUND_S, f"the server took {took:.1f} s to stop"
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.sigterm")
 def test_sigterm_stops_the_process_backend_server_with_a_terminal_open(
     tmp_path: Path, security_figures: list[str]
 ) -> None:
@@ -62,7 +62,7 @@ def test_sigterm_stops_the_process_backend_server_with_a_terminal_open(
         stop_with_a_terminal_open(server, security_figures, None)
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.sigterm")
 def test_sigterm_stops_the_container_backend_server_with_a_terminal_open(
     image: str, tmp_path: Path, security_figures: list[str]
 ) -> None:

@@ -29,7 +29,7 @@ def signed_in_at(tab: Any, url: str, token: str, next_query: str) -> str:
     return str(tab.url)
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.open-redirect")
 def test_sign_in_never_redirects_off_the_portal(tmp_path: Path, browser: Any) -> None:
     with start_server(tmp_path) as server:
         context = browser.new_context()

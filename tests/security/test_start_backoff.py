@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 WATCH_S = 12.0
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.tiny-cpus")
 def test_a_refused_start_backs_off_exponentially_and_says_why(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

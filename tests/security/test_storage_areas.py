@@ -102,7 +102,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield running
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.storage")
 def test_bob_cannot_mount_read_or_delete_alices_area(server: Server) -> None:
     alice, bob = server.http(new_user(server, "alice")), server.http(new_user(server, "bob"))
     assert alice.post("/storage", json={"name": "ckpt"}).status_code == 201
@@ -115,7 +115,7 @@ def test_bob_cannot_mount_read_or_delete_alices_area(server: Server) -> None:
     assert alice.get("/storage/ckpt").status_code == 200  # still hers
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.storage")
 @pytest.mark.parametrize("where", ["another tenant's directory", "a file under a 0700 home"])
 def test_a_tenant_cannot_mount_a_host_path(server: Server, where: str) -> None:
     mallory = server.http(new_user(server, f"host-{len(where)}"))
@@ -141,7 +141,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ContainerP
         yield running, image
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.mount-race")
 def test_a_link_swap_race_cannot_change_what_is_mounted(plane: tuple[ContainerPlane, str]) -> None:
     """While alice's cluster starts, a process with her uid on the host swaps her area for a link to the
     server's data directory as fast as it can: it never succeeds (every directory above the area is
@@ -187,7 +187,7 @@ def test_the_owners_area_is_writable_by_her_uid_and_survives_the_cluster(
     assert not area.exists() and carol.get("/storage").json() == []
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.mount-race")
 def test_a_link_swap_race_on_the_process_backend(server: Server) -> None:
     """The race of `test_a_link_swap_race_cannot_change_what_is_mounted` where there is no podman: the
     process backend's container links /data to the area, and the swapper (a tenant's uid) never

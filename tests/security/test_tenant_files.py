@@ -155,7 +155,7 @@ def cluster_state(api: httpx.Client, name: str) -> str:
     return str(api.get(f"/clusters/{name}").json()["state"])
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.fifo-log")
 @pytest.mark.parametrize("abuse", list(ABUSES))
 def test_tenant_file_never_blocks_the_server(
     tenants: Tenants, abuse: str, security_figures: list[str]
@@ -199,7 +199,7 @@ def _rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS for pid {pid}")
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.log-bomb")
 def test_a_container_log_bomb_is_read_as_its_tail(tenants: Tenants, security_figures: list[str]) -> None:
     """Bob's launcher's init log becomes 50 GB (sparse, a last line at its end), then a FIFO:
     ``GET /clusters/{name}/logs`` answers the lines of the last 1 MiB with little server memory, then

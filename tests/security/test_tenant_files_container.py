@@ -36,7 +36,7 @@ def _in_launcher(plane_client: httpx.Client, cluster: str, script: str) -> None:
     assert '"exit": 0' in answer.text or '"exit":0' in answer.text, answer.text
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.fifo-log")
 def test_a_fifo_job_log_in_a_container(tmp_path: Path, security_figures: list[str]) -> None:
     need_podman()
     image = framework_image("pytorch")

@@ -67,7 +67,7 @@ class RawTab:
         self.sock.close()
 
 
-@pytest.mark.attack
+@pytest.mark.attack("29.terminal-stall")
 def test_a_terminal_that_stops_reading_does_not_grow_server_memory(
     tmp_path: Path, security_figures: list[str]
 ) -> None:
