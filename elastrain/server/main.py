@@ -364,6 +364,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
     from elastrain.server.mount_sources import parse_datasets
     from elastrain.server.rate import RateLimiter
     from elastrain.server.reconciler import Reconciler
+    from elastrain.server.redact import mountinfo_warning
     from elastrain.server.scheduler_step import scheduler_for
     from elastrain.server.services import Services
     from elastrain.server.storage import StorageAreas
@@ -451,6 +452,9 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         f"elastrain server: data in {data_dir}; {inventory.gpus} {kind} GPUs; {settings.backend} backend",
         flush=True,
     )
+    warning = mountinfo_warning(data_dir, areas.root) if settings.backend == "container" else None
+    if warning:
+        print(f"elastrain server: warning: {warning}", flush=True)
     if token:  # never the token itself: a terminal's scrollback and logs are read by others
         print(f"elastrain server: admin token in {data_dir / 'admin-token'} (0600)", flush=True)
     print(

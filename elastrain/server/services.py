@@ -33,7 +33,7 @@ from elastrain.db.repository import (
 )
 from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
-from elastrain.server import quotas, schemas, tokens
+from elastrain.server import quotas, redact, schemas, tokens
 from elastrain.server.access_log import note_user
 from elastrain.server.bounded import BoundedCalls
 from elastrain.server.cluster_views import cluster_out
@@ -80,6 +80,7 @@ class Services:
         if self.areas is None and self.data_dir is not None:
             self.areas = StorageAreas(self.data_dir / "storage")
         self.storage = None if self.areas is None else StorageService(self.db, self.areas, self.area_owner)
+        redact.register(self.data_dir, None if self.areas is None else self.areas.root)
 
     def area_owner(self, user_id: int) -> int | None:
         """The uid `user_id`'s storage areas belong to: their uid in containers (None: the backend runs
