@@ -443,6 +443,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         reports=RateLimiter(settings.report_rate),
     )
     reconciler.hooks.append(jobs.poll)
+    reconciler.start_backoff.give_up_after = settings.start_attempts
     reconciler.steps.troubles.append(jobs.files.troubles)  # a job's refused files: its cluster Degraded
     commands.attach_env = jobs.attach_env  # an `elastrain run` started by exec becomes a job
     app = create_app(services, jobs, max_body_bytes=max_body_bytes, settings=settings)

@@ -272,6 +272,7 @@ class Services:
             cluster.desired_containers = cluster.requested_containers = containers
             cluster.idle_released, cluster.active_at = False, now  # released workers come back
             cluster.size_reason = f"scaled by {user.name}"
+            self.reconciler.start_backoff.reset(cluster.uid)  # its owner acted: starts are tried again
             add_event(
                 session, user.name, EventAction.cluster_scaled, name, user.id, before=before, after=containers
             )
@@ -285,6 +286,7 @@ class Services:
             cluster = self._get(session, user, name)
             if cluster.state != ClusterState.Terminating:
                 cluster.state, cluster.reason = ClusterState.Terminating, "deleting"
+                self.reconciler.start_backoff.reset(cluster.uid)  # a new cluster of its name starts afresh
                 add_event(session, user.name, EventAction.cluster_delete_requested, name, user.id)
             out = cluster_out(cluster)
         self._changed()

@@ -51,6 +51,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from elastrain.errors import ConfigError
 from elastrain.server.main import DEFAULT_DATA_DIR
 from elastrain.server.quotas import DEFAULT_MAX_CLUSTERS, DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_GPUS
+from elastrain.server.start_backoff import GIVE_UP_AFTER
 from elastrain.server.storage import DEFAULT_MAX_AREAS
 from elastrain.server.tenant_limits import (
     DEFAULT_LAB_MAX_MESSAGE_BYTES,
@@ -102,6 +103,7 @@ NAMES: dict[str, tuple[str, str]] = {
     "report_rate": ("--report-rate", "ELASTRAIN_REPORT_RATE"),
     "max_terminals": ("--max-terminals", "ELASTRAIN_MAX_TERMINALS"),
     "max_lab_sockets": ("--max-lab-sockets", "ELASTRAIN_MAX_LAB_SOCKETS"),
+    "start_attempts": ("--start-attempts", "ELASTRAIN_START_ATTEMPTS"),
 }
 OLD_NAMES: dict[str, tuple[str, str]] = {  # field -> its former (flag, environment variable), still accepted
     "insecure_host_commands": ("--insecure-process-backend", "ELASTRAIN_INSECURE_PROCESS_BACKEND"),
@@ -168,6 +170,7 @@ class ServerSettings(BaseSettings):
     max_exec_streams: int = Field(DEFAULT_MAX_EXEC_STREAMS, ge=1, validation_alias=_env("max_exec_streams"))
     max_running_jobs: int = Field(DEFAULT_MAX_RUNNING_JOBS, ge=1, validation_alias=_env("max_running_jobs"))
     report_rate: float = Field(DEFAULT_REPORT_RATE, gt=0, validation_alias=_env("report_rate"))
+    start_attempts: int = Field(GIVE_UP_AFTER, ge=1, validation_alias=_env("start_attempts"))
     max_terminals: int = Field(DEFAULT_MAX_TERMINALS, ge=1, validation_alias=_env("max_terminals"))
     max_lab_sockets: int = Field(DEFAULT_MAX_LAB_SOCKETS, ge=1, validation_alias=_env("max_lab_sockets"))
     lab_max_message_bytes: int = Field(
