@@ -156,6 +156,14 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         "env ELASTRAIN_DATASET=NAME=DIR,NAME=DIR)",
     )
     p.add_argument(
+        "--open-host-port",
+        action="append",
+        default=None,
+        metavar="PORT",
+        help="a TCP port of this host that containers may connect to (repeatable; env "
+        "ELASTRAIN_OPEN_HOST_PORT=P,P; default none: cluster networks reach no host service)",
+    )
+    p.add_argument(
         "--drain-seconds",
         type=float,
         help="longest wait for a scaled-down container's workers to leave (their jobs' progress reports "
@@ -265,7 +273,9 @@ def make_backend(settings: ServerSettings, data_dir: Path) -> tuple[Backend, Inv
                 "--backend container: podman cannot run containers here; install podman and runc "
                 "(apt-get install podman runc) or use --backend process"
             )
-        return ContainerBackend(data_dir), inventory
+        from elastrain.backends.egress import HostEgress
+
+        return ContainerBackend(data_dir, egress=HostEgress(tuple(settings.open_host_port))), inventory
     from elastrain.backends.local import LocalBackend
 
     print(
