@@ -50,6 +50,7 @@ from elastrain.backends.container_run import (
     run_env,
     secret_env,
 )
+from elastrain.backends.egress import HostEgress
 from elastrain.backends.filemodes import open_private_append, private_dir, tenant_dir
 from elastrain.backends.gateway import RelaySet
 from elastrain.backends.nsprocs import container_pids, host_pid, pids_with_env_in
@@ -75,8 +76,10 @@ class ContainerBackend(Backend):
 
     translates_paths = False
 
-    def __init__(self, data_dir: Path, stop_timeout_s: int = 10) -> None:
+    def __init__(self, data_dir: Path, stop_timeout_s: int = 10, egress: HostEgress | None = None) -> None:
+        """`egress`: the cluster networks' policy toward the host's services (default: none reachable)."""
         self.data_dir = Path(data_dir).resolve()
+        self.egress = egress if egress is not None else HostEgress()
         self.root = private_dir(self.data_dir / "clusters")
         self.server_key = server_key(self.data_dir)
         self.stop_timeout_s = stop_timeout_s
@@ -153,6 +156,8 @@ class ContainerBackend(Backend):
                 "--label", f"elastrain.server={self.server_key}",
                 network,
             )  # fmt: skip
+        bridge = podman("network", "inspect", "--format", "{{.NetworkInterface}}", network).stdout.strip()
+        self.egress.guard(bridge, network)  # no host service reachable from the cluster (`egress`)
         return secret
 
     def api_socket_dir(self, cluster: str) -> Path:
@@ -212,6 +217,7 @@ class ContainerBackend(Backend):
         if names:
             podman("rm", "--force", "--time", str(self.stop_timeout_s), *names, check=False, timeout=300)
         podman("network", "rm", "--force", self.network_name(cluster), check=False)
+        self.egress.unguard(self.network_name(cluster))
         self.relays.drop(self.api_socket_dir(cluster) / "api.sock")
         shutil.rmtree(self.api_socket_dir(cluster), ignore_errors=True)
         shutil.rmtree(self.cluster_dir(cluster), ignore_errors=True)

@@ -21,6 +21,7 @@ from elastrain.server.deps import CurrentUser, JobsDep, ServicesDep, user_for_to
 from elastrain.server.errors import Conflict, Forbidden, NotFound, TooMany, Unauthorized
 from elastrain.server.fields import MAX_DB_INT, UtcDatetime
 from elastrain.server.openapi import errors
+from elastrain.server.redact import redact
 from elastrain.server.routes_jobs import JobId
 from elastrain.server.services import Services
 from elastrain.server.slots import terminal_slots
@@ -128,8 +129,9 @@ def add_portal_api(app: FastAPI) -> None:
             target = await asyncio.to_thread(terminal_target, services, user, name)
             release = tabs.open(user)  # 4429 past --max-terminals
         except (Unauthorized, Forbidden, NotFound, Conflict, TooMany) as exc:
-            await websocket.send_text(f"\r\n{exc}\r\n")
-            await websocket.close(code=4000 + exc.status, reason=str(exc)[:120])
+            said = redact(str(exc))
+            await websocket.send_text(f"\r\n{said}\r\n")
+            await websocket.close(code=4000 + exc.status, reason=said[:120])
             return
         except (TimeoutError, ValueError, AttributeError, WebSocketDisconnect):
             await websocket.close(code=4400, reason='send {"token": ...} first')

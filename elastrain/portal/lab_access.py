@@ -23,6 +23,7 @@ from elastrain.server.deps import MISSING_TOKEN, user_for_token
 from elastrain.server.errors import ApiError, Conflict, NotFound, Unauthorized
 from elastrain.server.exec_service import launcher_of
 from elastrain.server.problems import problem_response
+from elastrain.server.redact import redact
 from elastrain.server.services import Services
 
 ENDPOINT_TTL_S = 30.0  # how long a launcher's address is reused (finding it costs a podman inspect)
@@ -146,7 +147,7 @@ def error_page(status: int, detail: str, cluster: str) -> HTMLResponse:
 def refusal(exc: ApiError, path: str, cluster: str, accept: str) -> Response:
     """`exc` as the client wants it: a page for a browser's navigation, else problem details."""
     if "text/html" in accept:
-        response: Response = error_page(exc.status, str(exc), cluster)
+        response: Response = error_page(exc.status, redact(str(exc)), cluster)
     else:
         response = problem_response(exc.status, str(exc), path)
     response.headers["Cache-Control"] = "no-store"

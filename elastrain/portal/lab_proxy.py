@@ -45,6 +45,7 @@ from elastrain.portal.lab_http import (
 )
 from elastrain.server.deps import ServicesDep, user_for_token
 from elastrain.server.errors import ApiError, Conflict, Forbidden, NotFound, Unauthorized
+from elastrain.server.redact import redact
 from elastrain.server.services import Services
 from elastrain.server.slots import UserSlots, lab_slots
 from elastrain.server.tenant_limits import DEFAULT_LAB_MAX_MESSAGE_BYTES
@@ -157,7 +158,7 @@ class LabProxy:
             user, endpoint = await self.admit(services, name, "WEBSOCKET", raw_path, headers)
             release = self.sockets.open(user)  # 429 past --max-lab-sockets
         except ApiError as exc:
-            await _deny(websocket, exc.status, str(exc))
+            await _deny(websocket, exc.status, redact(str(exc)))
             return
         try:
             await self._bridge(websocket, name, raw_path, endpoint)

@@ -14,6 +14,7 @@ from elastrain.server.cluster_demand import own_bounds
 from elastrain.server.inventory import parse_gpu_ids
 from elastrain.server.mount_sources import shown_mount
 from elastrain.server.reconciler import aware
+from elastrain.server.redact import redact
 from elastrain.server.validation import format_size
 
 _HOSTFILE = "--hostfile /etc/mpi/hostfile"
@@ -52,7 +53,7 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         owner=cluster.owner.name,
         framework=cluster.framework,
         state=cluster.state,
-        reason=cluster.reason,
+        reason=redact(cluster.reason or ""),
         desired_containers=cluster.desired_containers,
         gpus_per_container=cluster.gpus_per_container,
         shm=format_size(cluster.shm_bytes),
@@ -68,7 +69,7 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
         min_containers=low,
         max_containers=high,
         priority=cluster.priority or 0,
-        size_reason=cluster.size_reason or "",
+        size_reason=redact(cluster.size_reason or ""),
         idle_release_after=cluster.idle_release_after,
         gpu_type=cluster.gpu_type,
         created_at=aware(cluster.created_at) or cluster.created_at,
@@ -80,7 +81,7 @@ def cluster_out(cluster: Cluster) -> schemas.ClusterOut:
                 gpus=k.gpus,
                 gpu_ids=parse_gpu_ids(k.gpu_ids),
                 state=k.state,
-                reason=k.reason,
+                reason=redact(k.reason or ""),
                 pid=k.pid,
                 started_at=aware(k.started_at),
             )

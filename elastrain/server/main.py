@@ -156,6 +156,14 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         "env ELASTRAIN_DATASET=NAME=DIR,NAME=DIR)",
     )
     p.add_argument(
+        "--open-host-port",
+        action="append",
+        default=None,
+        metavar="PORT",
+        help="a TCP port of this host that containers may connect to (repeatable; env "
+        "ELASTRAIN_OPEN_HOST_PORT=P,P; default none: cluster networks reach no host service)",
+    )
+    p.add_argument(
         "--drain-seconds",
         type=float,
         help="longest wait for a scaled-down container's workers to leave (their jobs' progress reports "
@@ -265,7 +273,9 @@ def make_backend(settings: ServerSettings, data_dir: Path) -> tuple[Backend, Inv
                 "--backend container: podman cannot run containers here; install podman and runc "
                 "(apt-get install podman runc) or use --backend process"
             )
-        return ContainerBackend(data_dir), inventory
+        from elastrain.backends.egress import HostEgress
+
+        return ContainerBackend(data_dir, egress=HostEgress(tuple(settings.open_host_port))), inventory
     from elastrain.backends.local import LocalBackend
 
     print(
@@ -364,6 +374,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
     from elastrain.server.mount_sources import parse_datasets
     from elastrain.server.rate import RateLimiter
     from elastrain.server.reconciler import Reconciler
+    from elastrain.server.redact import mountinfo_warning
     from elastrain.server.scheduler_step import scheduler_for
     from elastrain.server.services import Services
     from elastrain.server.storage import StorageAreas
@@ -442,6 +453,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         reports=RateLimiter(settings.report_rate),
     )
     reconciler.hooks.append(jobs.poll)
+    reconciler.start_backoff.give_up_after = settings.start_attempts
     reconciler.steps.troubles.append(jobs.files.troubles)  # a job's refused files: its cluster Degraded
     commands.attach_env = jobs.attach_env  # an `elastrain run` started by exec becomes a job
     app = create_app(services, jobs, max_body_bytes=max_body_bytes, settings=settings)
@@ -451,6 +463,9 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         f"elastrain server: data in {data_dir}; {inventory.gpus} {kind} GPUs; {settings.backend} backend",
         flush=True,
     )
+    warning = mountinfo_warning(data_dir, areas.root) if settings.backend == "container" else None
+    if warning:
+        print(f"elastrain server: warning: {warning}", flush=True)
     if token:  # never the token itself: a terminal's scrollback and logs are read by others
         print(f"elastrain server: admin token in {data_dir / 'admin-token'} (0600)", flush=True)
     print(

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elastrain.server.errors import ApiError, FieldError, InvalidRequest
+from elastrain.server.redact import redact
 
 log = logging.getLogger("elastrain.server")
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -70,6 +71,7 @@ def problem_body(
 ) -> dict[str, Any]:
     """The problem-details object (validation problems always carry `errors`)."""
     kind, title = problem_type(status)
+    detail = redact(detail)  # a refusal made deep down may name a server directory
     body: dict[str, Any] = {
         "type": kind,
         "title": title,
@@ -78,7 +80,7 @@ def problem_body(
         "instance": instance,
     }
     if errors is not None or status == 422:
-        body["errors"] = [{"loc": e.loc, "message": e.message} for e in errors or ()]
+        body["errors"] = [{"loc": e.loc, "message": redact(e.message)} for e in errors or ()]
     body["error"] = detail  # deprecated: the old {"error", "status"} shape
     return body
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -165,6 +166,7 @@ class Reconciler:
         self.start_backoff = StartBackoff()  # refused starts wait, doubling (per cluster)
         self.stats = ReconcileStats()  # pass durations and failures, for /metrics
         self.steps = ClusterSteps(step_deadline_s, wake=self.wake)
+        self.steps.troubles.append(self.start_backoff.given_up)  # given up: the cluster shows Degraded
         self.hostfiles = HostfileSync(db, backend, self.steps, self.stats, self.failures)
 
     def start(self) -> None:
@@ -400,6 +402,8 @@ class Reconciler:
         waiting = self.start_backoff.waiting(cluster.uid)
         if waiting is not None:
             reason = f"waiting before it starts again (backoff); the last start was refused: {waiting[1]}"
+            if math.isinf(waiting[0]):
+                reason = f"not started: the server gave up after repeated refusals; the last: {waiting[1]}"
             if row.reason != reason:
                 row.reason = reason
             return
@@ -414,10 +418,13 @@ class Reconciler:
             row.pid = self.backend.create_container(spec).pid
             self.start_backoff.started(cluster.uid)
         except ElastrainError as exc:
-            count, delay = self.start_backoff.refused(cluster.uid, str(exc))
+            count, delay = self.start_backoff.refused(cluster.uid, str(exc), cluster.name)
             log.warning("cannot start container %s/%s (%d in a row): %s", cluster.name, row.name, count, exc)
             row.state = ContainerState.Failed
-            row.reason = f"the backend could not start it ({count} in a row; next try in {delay:g} s): {exc}"
+            then = (
+                "gave up: scale the cluster to try again" if math.isinf(delay) else f"next try in {delay:g} s"
+            )
+            row.reason = f"the backend could not start it ({count} in a row; {then}): {exc}"
             add_event(
                 session,
                 ACTOR,

@@ -57,6 +57,7 @@ from elastrain.server.job_schemas import (  # re-exported: the job routes' model
     JobProgress,
     JobSubmit,
 )
+from elastrain.server.redact import redact_value
 
 __all__ = [  # re-exported from elsewhere (every model defined below is public as well)
     "MAX_DB_INT",
@@ -415,7 +416,8 @@ class EventOut(BaseModel):
     ) -> EventOut:
         """An event as a row of ``events`` holds it (the action a string, possibly one this server
         does not know)."""
-        data = {"at": at, "actor": actor, "action": action, "cluster": cluster, "detail": detail}
+        shown = redact_value(detail)  # no server directory in a reason (`redact`)
+        data = {"at": at, "actor": actor, "action": action, "cluster": cluster, "detail": shown}
         return cls.model_validate(data)
 
     @model_validator(mode="before")

@@ -33,7 +33,7 @@ from elastrain.db.repository import (
 )
 from elastrain.db.session import Database
 from elastrain.errors import ElastrainError
-from elastrain.server import quotas, schemas, tokens
+from elastrain.server import quotas, redact, schemas, tokens
 from elastrain.server.access_log import note_user
 from elastrain.server.bounded import BoundedCalls
 from elastrain.server.cluster_views import cluster_out
@@ -80,6 +80,7 @@ class Services:
         if self.areas is None and self.data_dir is not None:
             self.areas = StorageAreas(self.data_dir / "storage")
         self.storage = None if self.areas is None else StorageService(self.db, self.areas, self.area_owner)
+        redact.register(self.data_dir, None if self.areas is None else self.areas.root)
 
     def area_owner(self, user_id: int) -> int | None:
         """The uid `user_id`'s storage areas belong to: their uid in containers (None: the backend runs
@@ -271,6 +272,7 @@ class Services:
             cluster.desired_containers = cluster.requested_containers = containers
             cluster.idle_released, cluster.active_at = False, now  # released workers come back
             cluster.size_reason = f"scaled by {user.name}"
+            self.reconciler.start_backoff.reset(cluster.uid)  # its owner acted: starts are tried again
             add_event(
                 session, user.name, EventAction.cluster_scaled, name, user.id, before=before, after=containers
             )
@@ -284,6 +286,7 @@ class Services:
             cluster = self._get(session, user, name)
             if cluster.state != ClusterState.Terminating:
                 cluster.state, cluster.reason = ClusterState.Terminating, "deleting"
+                self.reconciler.start_backoff.reset(cluster.uid)  # a new cluster of its name starts afresh
                 add_event(session, user.name, EventAction.cluster_delete_requested, name, user.id)
             out = cluster_out(cluster)
         self._changed()

@@ -9,6 +9,9 @@ Every setting has a flag, an environment variable and a key of the settings file
     --storage-root              ELASTRAIN_STORAGE_ROOT (default DATA-DIR/storage)
     --storage-areas-per-user    ELASTRAIN_STORAGE_AREAS_PER_USER
     --dataset                   ELASTRAIN_DATASET (NAME=DIR, repeatable; env: comma-separated)
+    --open-host-port            ELASTRAIN_OPEN_HOST_PORT (a host TCP port cluster networks may reach;
+                                repeatable; env: comma-separated; default none: `backends.egress`)
+    --start-attempts            ELASTRAIN_START_ATTEMPTS (refused starts before giving up; default 8)
     --drain-seconds             ELASTRAIN_DRAIN_SECONDS        --max-body-bytes   ELASTRAIN_MAX_BODY_BYTES
     --reconcile-interval        ELASTRAIN_RECONCILE_INTERVAL   --scheduler        ELASTRAIN_SCHEDULER
     --idle-release-after        ELASTRAIN_IDLE_RELEASE_AFTER (seconds; 0: never)
@@ -48,9 +51,11 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from elastrain.backends.egress import parse_ports
 from elastrain.errors import ConfigError
 from elastrain.server.main import DEFAULT_DATA_DIR
 from elastrain.server.quotas import DEFAULT_MAX_CLUSTERS, DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_GPUS
+from elastrain.server.start_backoff import GIVE_UP_AFTER
 from elastrain.server.storage import DEFAULT_MAX_AREAS
 from elastrain.server.tenant_limits import (
     DEFAULT_LAB_MAX_MESSAGE_BYTES,
@@ -102,6 +107,8 @@ NAMES: dict[str, tuple[str, str]] = {
     "report_rate": ("--report-rate", "ELASTRAIN_REPORT_RATE"),
     "max_terminals": ("--max-terminals", "ELASTRAIN_MAX_TERMINALS"),
     "max_lab_sockets": ("--max-lab-sockets", "ELASTRAIN_MAX_LAB_SOCKETS"),
+    "start_attempts": ("--start-attempts", "ELASTRAIN_START_ATTEMPTS"),
+    "open_host_port": ("--open-host-port", "ELASTRAIN_OPEN_HOST_PORT"),
 }
 OLD_NAMES: dict[str, tuple[str, str]] = {  # field -> its former (flag, environment variable), still accepted
     "insecure_host_commands": ("--insecure-process-backend", "ELASTRAIN_INSECURE_PROCESS_BACKEND"),
@@ -142,6 +149,9 @@ class ServerSettings(BaseSettings):
         DEFAULT_MAX_AREAS, ge=0, validation_alias=_env("storage_areas_per_user")
     )
     dataset: Annotated[list[str], NoDecode] = Field(default_factory=list, validation_alias=_env("dataset"))
+    open_host_port: Annotated[list[int], NoDecode] = Field(
+        default_factory=list, validation_alias=_env("open_host_port")
+    )
     drain_seconds: float = Field(30.0, validation_alias=_env("drain_seconds"))
     max_body_bytes: int | None = Field(None, validation_alias=_env("max_body_bytes"))
     reconcile_interval: float = Field(0.5, validation_alias=_env("reconcile_interval"))
@@ -168,6 +178,7 @@ class ServerSettings(BaseSettings):
     max_exec_streams: int = Field(DEFAULT_MAX_EXEC_STREAMS, ge=1, validation_alias=_env("max_exec_streams"))
     max_running_jobs: int = Field(DEFAULT_MAX_RUNNING_JOBS, ge=1, validation_alias=_env("max_running_jobs"))
     report_rate: float = Field(DEFAULT_REPORT_RATE, gt=0, validation_alias=_env("report_rate"))
+    start_attempts: int = Field(GIVE_UP_AFTER, ge=1, validation_alias=_env("start_attempts"))
     max_terminals: int = Field(DEFAULT_MAX_TERMINALS, ge=1, validation_alias=_env("max_terminals"))
     max_lab_sockets: int = Field(DEFAULT_MAX_LAB_SOCKETS, ge=1, validation_alias=_env("max_lab_sockets"))
     lab_max_message_bytes: int = Field(
@@ -189,6 +200,14 @@ class ServerSettings(BaseSettings):
         if isinstance(value, str):
             return [part for part in value.split(os.pathsep) if part.strip()]
         return value
+
+    @field_validator("open_host_port", mode="before")
+    @classmethod
+    def _split_ports(cls, value: object) -> object:
+        """``ELASTRAIN_OPEN_HOST_PORT=5432,9100`` as well as a list from the flags; each 1-65535."""
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return list(parse_ports(value)) if isinstance(value, list) else value
 
     @field_validator("dataset", mode="before")
     @classmethod
@@ -260,7 +279,7 @@ def _one_line(exc: ValidationError) -> str:
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     """The settings given as flags (argparse defaults are None: an absent flag leaves env/file/default)."""
     given = {name: getattr(args, name, None) for name in NAMES}
-    for name in ("allow_mount", "dataset"):
+    for name in ("allow_mount", "dataset", "open_host_port"):
         if given[name] == []:
             given[name] = None
     if given["db"] and db_url_has_password(given["db"]):

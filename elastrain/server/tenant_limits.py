@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 
+from elastrain.server.start_backoff import GIVE_UP_AFTER
+
 DEFAULT_MAX_EXEC_STREAMS = 8
 DEFAULT_MAX_RUNNING_JOBS = 16
 DEFAULT_REPORT_RATE = 10.0
@@ -66,6 +68,13 @@ def add_tenant_limit_flags(p: argparse.ArgumentParser) -> None:
             help=f"open {what} per user (one more is refused; env "
             f"ELASTRAIN_MAX_{flag.upper().replace('-', '_')}; default {default})",
         )
+    p.add_argument(
+        "--start-attempts",
+        type=int,
+        metavar="N",
+        help="refused starts in a row after which a cluster's containers are no longer started (it shows "
+        f"Degraded until scaled; env ELASTRAIN_START_ATTEMPTS; default {GIVE_UP_AFTER})",
+    )
     p.add_argument(
         "--lab-max-message-bytes",
         type=int,
