@@ -164,6 +164,12 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
         "ELASTRAIN_OPEN_HOST_PORT=P,P; default none: cluster networks reach no host service)",
     )
     p.add_argument(
+        "--container-memory",
+        metavar="SIZE",
+        help="the memory limit per container of a cluster created without one: a size (4Gi), 'auto' "
+        "(half this machine's memory) or 0 (none) (env ELASTRAIN_CONTAINER_MEMORY; default auto)",
+    )
+    p.add_argument(
         "--drain-seconds",
         type=float,
         help="longest wait for a scaled-down container's workers to leave (their jobs' progress reports "
@@ -438,6 +444,7 @@ def serve(settings: ServerSettings, *, verbose: bool = False) -> int:
         datasets=datasets,
         exec_service=commands,
         quota_defaults=limits,
+        default_memory_bytes=settings.container_memory_bytes(),
     )
     url = f"http://{host}:{port}"
     local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

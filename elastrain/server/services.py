@@ -68,6 +68,7 @@ class Services:
     on_change: Callable[[], None] | None = None
     exec_service: ExecService | None = None  # default: one on `backend` (`main` shares one with the jobs)
     quota_defaults: quotas.Limits | None = None  # per-user limits (settings); None: the module defaults
+    default_memory_bytes: int = 0  # a new cluster's memory limit per container when it asks for none
     log_reads: BoundedCalls = field(
         default_factory=lambda: BoundedCalls(
             "reads of container logs", LOG_READ_DEADLINE_S, per_key=2, total=8
@@ -208,7 +209,7 @@ class Services:
                 gpus_per_container=req.gpus_per_container,
                 shm_bytes=shm,
                 image=image,
-                memory_bytes=memory,
+                memory_bytes=memory or self.default_memory_bytes or 0,
                 cpus=req.cpus,
                 mounts=json.dumps(
                     [sources.record(spec, m) for spec, m in zip(req.mounts, mounts, strict=True)]

@@ -109,6 +109,7 @@ NAMES: dict[str, tuple[str, str]] = {
     "max_lab_sockets": ("--max-lab-sockets", "ELASTRAIN_MAX_LAB_SOCKETS"),
     "start_attempts": ("--start-attempts", "ELASTRAIN_START_ATTEMPTS"),
     "open_host_port": ("--open-host-port", "ELASTRAIN_OPEN_HOST_PORT"),
+    "container_memory": ("--container-memory", "ELASTRAIN_CONTAINER_MEMORY"),
 }
 OLD_NAMES: dict[str, tuple[str, str]] = {  # field -> its former (flag, environment variable), still accepted
     "insecure_host_commands": ("--insecure-process-backend", "ELASTRAIN_INSECURE_PROCESS_BACKEND"),
@@ -179,11 +180,39 @@ class ServerSettings(BaseSettings):
     max_running_jobs: int = Field(DEFAULT_MAX_RUNNING_JOBS, ge=1, validation_alias=_env("max_running_jobs"))
     report_rate: float = Field(DEFAULT_REPORT_RATE, gt=0, validation_alias=_env("report_rate"))
     start_attempts: int = Field(GIVE_UP_AFTER, ge=1, validation_alias=_env("start_attempts"))
+    # a cluster created without a memory limit gets this one per container: "auto" (half this machine's
+    # memory), a size (4Gi) or "0" (none); `container_memory_bytes` resolves it
+    container_memory: str = Field("auto", validation_alias=_env("container_memory"))
     max_terminals: int = Field(DEFAULT_MAX_TERMINALS, ge=1, validation_alias=_env("max_terminals"))
     max_lab_sockets: int = Field(DEFAULT_MAX_LAB_SOCKETS, ge=1, validation_alias=_env("max_lab_sockets"))
     lab_max_message_bytes: int = Field(
         DEFAULT_LAB_MAX_MESSAGE_BYTES, ge=1024, validation_alias=_env("lab_max_message_bytes")
     )
+
+    @field_validator("container_memory")
+    @classmethod
+    def _memory_size(cls, value: str) -> str:
+        """ "auto", "0" or a size the API accepts (refused when the server starts, with the reason)."""
+        if value.strip().lower() not in ("auto", "0", "none"):
+            from elastrain.server.errors import InvalidRequest
+            from elastrain.server.validation import parse_size
+
+            try:
+                parse_size(value.strip())
+            except InvalidRequest as exc:
+                raise ValueError(f"--container-memory: {exc}") from None
+        return value.strip()
+
+    def container_memory_bytes(self) -> int:
+        """The default memory limit per container in bytes (0: none)."""
+        value = self.container_memory.lower()
+        if value in ("0", "none"):
+            return 0
+        if value == "auto":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+        from elastrain.server.validation import parse_size
+
+        return parse_size(self.container_memory)
 
     @field_validator("gpus", mode="before")
     @classmethod

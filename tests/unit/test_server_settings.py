@@ -56,6 +56,10 @@ def test_defaults_without_flags_env_or_file() -> None:
     )
     assert (s.drain_seconds, s.reconcile_interval, s.scheduler) == (30.0, 0.5, "elastic")
     assert s.idle_release_after == 600
+    half = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    assert s.container_memory == "auto" and s.container_memory_bytes() == half
+    assert load_settings(server_args("--container-memory", "4Gi")).container_memory_bytes() == 4 * 2**30
+    assert load_settings(server_args("--container-memory", "0")).container_memory_bytes() == 0
     assert s.insecure_host_commands is False and s.data_dir == Path("~/.elastrain").expanduser()
 
 
@@ -127,6 +131,7 @@ def test_the_old_insecure_names_still_work(monkeypatch: pytest.MonkeyPatch, tmp_
         ("ELASTRAIN_SERVER_BACKEND", "docker", "--backend / ELASTRAIN_SERVER_BACKEND"),
         ("ELASTRAIN_INSECURE_HOST_COMMANDS", "maybe", "--insecure-host-commands"),
         ("ELASTRAIN_INSECURE_PROCESS_BACKEND", "maybe", "--insecure-process-backend"),
+        ("ELASTRAIN_CONTAINER_MEMORY", "lots", "--container-memory"),
     ],
 )
 def test_bad_values_are_one_line_errors(
