@@ -38,12 +38,11 @@ SAMPLES = 4096
 SIZES = (2, 4, 2)
 
 
-def example(config: Path, workdir: Path, extra: list[str]) -> list[str]:
-    """The example, slowed (0.25 s per step) while `workdir/slow` exists: every size gets its steps."""
-    (workdir / "slow").touch()
+def example(config: Path, extra: list[str]) -> list[str]:
+    """The example, slowed to 0.25 s per step so that every size gets its steps before the next change."""
     return [
         "python", str(EXAMPLE), "--deepspeed_config", str(config), "--epochs", "50",
-        "--samples", str(SAMPLES), "--hold-file", str(workdir / "slow"), *extra,
+        "--samples", str(SAMPLES), "--step-sleep", "0.25", *extra,
     ]  # fmt: skip
 
 
@@ -98,7 +97,7 @@ def run(mode: str, config: Path, workdir: Path, per_size: int) -> tuple[list[tup
     def read() -> list[tuple[float, int, int]]:
         return ledger_steps(workdir / "ledger") if mode == "in-place" else sample_log_steps(samples)
 
-    job = ElasticJob(workdir, hosts(SIZES[0]), flags, example(config, workdir, extra))
+    job = ElasticJob(workdir, hosts(SIZES[0]), flags, example(config, extra))
     try:
         since = 0.0
         for i, size in enumerate(SIZES):

@@ -29,6 +29,7 @@ MPI_DIR, JOBS_DIR = "/etc/mpi", "/var/log/jobs"
 KEYS_DIR = "/etc/elastrain/keys"  # the cluster's ssh and munge keys (`elastrain.backends.cluster_keys`)
 API_SOCKET_DIR = "/run/elastrain"  # in the containers: api.sock, relayed to the server's API
 SLURM_CONF = "/tmp/elastrain-slurm/slurm.conf"  # = elastrain.agent.slurm_conf.SLURM_CONF_PATH
+CONTAINER_LOG_MAX = "64m"  # podman's log of a container's own output: truncated past this (a tenant's bomb)
 GPU_DEVICE_DIR_ENV = "ELASTRAIN_GPU_DEVICE_DIR"  # where /dev/nvidiaN nodes are (tests use fake ones)
 HOSTS_HEAD = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 # host names come from /etc/hosts alone (kept by `_refresh_hosts`): a lookup never waits for DNS, which
@@ -186,6 +187,7 @@ def run_args(
     base = files.base
     args = [
         "run", "--detach", "--init",
+        "--log-opt", f"max-size={CONTAINER_LOG_MAX}",
         "--name", container_name,
         "--hostname", spec.name,
         "--network", files.network,

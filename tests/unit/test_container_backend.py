@@ -53,6 +53,7 @@ def test_run_flags_isolate_the_container(tmp_path: Path) -> None:
     assert flag_values(args, "--hostname") == ["c1-worker-0"]
     assert flag_values(args, "--network") == [backend.network_name("c1")]
     assert flag_values(args, "--cap-drop") == ["all"]
+    assert flag_values(args, "--log-opt") == ["max-size=64m"]  # a tenant's output cannot fill the disk
     assert flag_values(args, "--shm-size") == [f"{256 << 20}b"]
     assert flag_values(args, "--memory") == [f"{1 << 30}b"] and flag_values(args, "--cpus") == ["1.5"]
     volumes = flag_values(args, "--volume")
