@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             dirty = True
             step_times.append(time.perf_counter() - t0)
             if log is not None:
-                line = {"epoch": step.epoch, "start": step.start, "world": world, "rank": rank, "t": time.time()}
-                log.write(json.dumps({**line, "ids": indices}) + "\n")
+                line = {"epoch": step.epoch, "start": step.start, "world": world, "rank": rank}
+                log.write(json.dumps({**line, "t": time.time(), "ids": indices}) + "\n")
                 log.flush()
             if steps_here == 1 and rank == 0:
                 print(f"first step world={world} restart={restart} t={time.time():.3f}", flush=True)
