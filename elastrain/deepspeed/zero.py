@@ -33,11 +33,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from elastrain.deepspeed.durable import prune, read_pieces, step_dir, write_piece
 from elastrain.deepspeed.pieces import (
     MASTER,
     Piece,
@@ -162,6 +164,11 @@ class ElasticZero:
             replica = self._swap(own, rank, world)
             self._held = [own, replica, *keep]
             dist.barrier()
+        durable = self._durable()
+        if durable is not None and step > 0 and step % durable[1] == 0:  # rank 0 saves the rest now
+            write_piece(durable[0], own)
+            if rank == 0:
+                prune(durable[0])
 
     def interrupted(self, rank: int, world: int, step: int, generation: int) -> None:
         """Before a planned change every rank gathers every partition of `step` (leavers may be
@@ -186,29 +193,47 @@ class ElasticZero:
         old_world = self._world
         self._build(world)
         received = 0
-        if any(o.step == step for o in offers):
-            chosen = choose_holders(offers, step)
-            if chosen is None:
-                have = sorted({(o.rank, o.world) for o in offers if o.step == step})
-                raise ZeroStateLost(
-                    f"the ZeRO optimizer state of step {step} cannot be rebuilt: no complete set of "
-                    f"partitions survives (held: {have}); both copies of a partition were lost. Start the "
-                    "job again with `elastrain run ... --resume auto` from the last durable checkpoint"
-                )
-            old, holders = chosen
-            pieces = [self._broadcast_piece(r, holders[r], rank) for r in range(old)]
+        pieces = self._pieces_of(offers, step, rank)
+        if pieces is not None:
             received = sum(p.flat.numel() * p.flat.element_size() for p in pieces)
             self._load(pieces, rank, world)
-            old_world = old
-        elif step > 0:
-            raise ZeroStateLost(
-                f"no rank holds the ZeRO optimizer state of step {step}; start the job again with "
-                "`elastrain run ... --resume auto` to go on from the last durable checkpoint"
-            )
+            old_world = pieces[0].world
         # the new layout is kept at once: a failure before the first commit finds it (or the old one)
         self.committed(rank, world, step, generation)
         self.last_resize = ResizeFigures(time.monotonic() - started, received, old_world, world)
         log.info("ZeRO rebuilt for %d ranks at step %d in %.3fs", world, step, self.last_resize.seconds)
+
+    def _pieces_of(self, offers: list[Offer], step: int, rank: int) -> list[Piece] | None:
+        """The pieces of the newest layout complete at `step`: from the members' memories, else from
+        the durable set of that step; None for a fresh job; `ZeroStateLost` when there are none."""
+        chosen = choose_holders(offers, step)
+        if chosen is not None:
+            old, holders = chosen
+            return [self._broadcast_piece(r, holders[r], rank) for r in range(old)]
+        durable = self._durable()
+        if durable is not None and step > 0:
+            on_disk = read_pieces(durable[0], step)
+            if on_disk is not None:
+                log.info("ZeRO state of step %d read from %s", step, step_dir(durable[0], step))
+                return on_disk
+        if step == 0:
+            return None  # nothing trained yet: the fresh engine is the state
+        have = sorted({(o.rank, o.world) for o in offers if o.step == step})
+        raise ZeroStateLost(
+            f"the ZeRO optimizer state of step {step} cannot be rebuilt: no complete set of partitions "
+            f"survives in memory (held: {have}) nor on disk (`--checkpoint-dir` with `--checkpoint-every "
+            "N` keeps one every N steps). Start the job again with `elastrain run ... --resume auto` "
+            "to go on from the last durable checkpoint"
+        )
+
+    def _durable(self) -> tuple[Path, int] | None:
+        """(the job's checkpoint directory, every how many steps) when it keeps step-based checkpoints."""
+        from elastrain.runtime.connection import get_runtime
+
+        context = get_runtime().context
+        if context.checkpoint_dir is None or not context.checkpoint_every_steps:
+            return None
+        return context.checkpoint_dir, context.checkpoint_every_steps
 
     # ----- the engine ------------------------------------------------------------------------------------
     def _build(self, world: int) -> None:

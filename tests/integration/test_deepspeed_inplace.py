@@ -8,6 +8,7 @@ is used once per epoch (elastrain's ledger).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -32,6 +33,7 @@ SAMPLES = 4096  # 64 steps of 64 per epoch
 
 def command(workdir: Path, sleep: float = 0.05, config: Path = ZERO2) -> list[str]:
     """The shipped example in float64, slowed per step while `workdir/slow` exists (the faults)."""
+    workdir.mkdir(parents=True, exist_ok=True)
     slow = workdir / "slow"
     slow.touch()
     return [
@@ -135,3 +137,31 @@ def test_zero1_two_neighbours_leave_at_once_then_a_killed_rank_costs_at_most_one
     assert failure["steps_lost"] <= 1, failure
     epochs_once(report)
     assert_same_weights(reference, tmp_path / "params.pt")
+
+
+def test_a_stopped_zero2_job_resumes_from_its_durable_partitions(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    """Both copies of every partition gone (the whole job killed): a new run resumes from the last
+    step-based checkpoint, its ZeRO partitions included, and ends on the reference's weights."""
+    checkpoints = tmp_path / "ckpt"
+    flags = ["-np", "2", "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "8"]
+    first = ElasticJob(tmp_path / "first", hosts(2), flags, command(tmp_path / "first"))
+    try:
+        first.wait_world(2, 20)
+        for pid in first.known_pids():  # every process at once, as a lost machine would
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        first.proc.wait(timeout=30)
+    finally:
+        first.cleanup()
+    assert any((checkpoints / "zero").glob("step-*/rank-00001-of-00002.pt"))
+    second = ElasticJob(tmp_path / "second", hosts(2), flags, command(tmp_path / "second"))
+    try:
+        (tmp_path / "second" / "slow").unlink()
+        assert second.wait() == 0, second.output()
+        output = second.output()
+    finally:
+        second.cleanup()
+    assert re.search(r"resumed from .* at step (8|16|24)", output), output[-3000:]
+    assert_same_weights(reference, tmp_path / "second" / "params.pt")
