@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from elastrain.deepspeed.durable import prune, read_pieces, write_piece
 from elastrain.deepspeed.pieces import MASTER, Piece, flat_dtype, merged, piece_from_header, repartition
 from elastrain.deepspeed.zero import Offer, choose_holders
 from elastrain.errors import ConfigError
@@ -65,3 +68,25 @@ def test_the_holders_are_own_copies_first_and_the_newest_complete_layout() -> No
     newer = [Offer(0, 0, 2, 9, 5), Offer(1, 1, 2, 9, 5)]
     assert choose_holders(newer + offers, 9) == (2, [0, 1])
     assert choose_holders(newer[:1] + offers, 9) == (3, [0, 1, 1])
+
+
+def test_durable_pieces_are_read_only_as_a_complete_set_of_one_layout(tmp_path: Path) -> None:
+    whole = torch.arange(23, dtype=torch.float64)
+    three = cut(whole, -whole, 3, step=16)
+    for piece in three[:2]:
+        write_piece(tmp_path, piece)
+    assert read_pieces(tmp_path, 16) is None  # rank 2's file is missing
+    for piece in cut(whole, -whole, 2, step=16)[:1]:  # a resumed run at 2 rewrites the step, in part
+        write_piece(tmp_path, piece)
+    write_piece(tmp_path, three[2])
+    back = read_pieces(tmp_path, 16)
+    assert back is not None and [p.world for p in back] == [3, 3, 3]
+    assert torch.equal(merged(back, 0, MASTER), whole)
+    for step in (8, 24, 32):
+        write_piece(tmp_path, cut(whole, whole, 1, step=step)[0])
+    prune(tmp_path, keep=3)
+    assert sorted(p.name for p in (tmp_path / "zero").iterdir()) == [
+        "step-000000016",
+        "step-000000024",
+        "step-000000032",
+    ]
