@@ -17,12 +17,17 @@ from elastrain.backends.podmanctl import podman
 from elastrain.chaos.platform import PlatformFault, PlatformFaultKind
 from elastrain.chaos.platform_plane import CLUSTER, PlatformCluster
 from elastrain.client import ClientError
-from elastrain.report import build_report, load_ledgers
+from elastrain.errors import ElastrainError
+from elastrain.report import build_report
 from elastrain.testing.clusters import all_running
 from elastrain.testing.containers import server_containers
 from elastrain.testing.waits import wait_until
 
 RECOVERY_S = 240.0  # the bound on one fault's recovery (a reboot restarts every container and the job)
+
+
+class JobEnded(ElastrainError):
+    """The job ended before the schedule was through (its runway, epochs x step sleep, was too short)."""
 
 
 @dataclass
@@ -54,31 +59,49 @@ def _events(ledger: Path) -> list[dict[str, Any]]:
     return [e for e in out if e.get("event") == "generation"]
 
 
-def committed(ledger: Path) -> int:
-    """Steps the job committed so far (every generation, every run; a step once per generation)."""
-    steps = {
-        (r.get("run", ""), r["g"], r["s"])
-        for records in load_ledgers(ledger).values()
-        for r in records
-        if r["k"] == "c"
-    }
-    return len(steps)
+class CommitLog:
+    """The job's commit records, read incrementally from its ledger files (only what was appended since
+    the last look is parsed: the soak's ledger grows to megabytes and is polled several times a second)."""
 
+    def __init__(self, ledger: Path) -> None:
+        self.ledger = ledger
+        self._offsets: dict[Path, int] = {}
+        self.commits: dict[tuple[str, int, int], float] = {}  # (run, generation, step) -> first commit time
 
-def first_full_commit(ledger: Path, since: float, world: int) -> float | None:
-    """When the job first committed a step in a generation of `world` workers requested after `since`."""
-    generations = {
-        (e.get("run", ""), e["generation"])
-        for e in _events(ledger)
-        if e["requested_at"] >= since and int(e["world_size"]) == world
-    }
-    times = [
-        r["t"]
-        for records in load_ledgers(ledger).values()
-        for r in records
-        if r["k"] == "c" and (r.get("run", ""), r["g"]) in generations
-    ]
-    return min(times) if times else None
+    def refresh(self) -> CommitLog:
+        """Read what the workers appended since the last call."""
+        for path in sorted(self.ledger.glob("*.jsonl")):
+            if path.name == "events.jsonl":
+                continue
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                chunk = f.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # a torn last line is read next time
+            self._offsets[path] = self._offsets.get(path, 0) + len(complete)
+            for line in complete.splitlines():
+                if b'"k":"c"' not in line.replace(b" ", b""):
+                    continue
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                key = (r.get("run", ""), int(r["g"]), int(r["s"]))
+                self.commits[key] = min(self.commits.get(key, r["t"]), r["t"])
+        return self
+
+    def count(self) -> int:
+        """Steps committed so far (every generation, every run; a step once per generation)."""
+        return len(self.refresh().commits)
+
+    def first_full_commit(self, since: float, world: int) -> float | None:
+        """When the job first committed a step in a generation of `world` workers requested after `since`."""
+        generations = {
+            (e.get("run", ""), e["generation"])
+            for e in _events(self.ledger)
+            if e["requested_at"] >= since and int(e["world_size"]) == world
+        }
+        times = [t for (run, g, _), t in self.refresh().commits.items() if (run, g) in generations]
+        return min(times) if times else None
 
 
 def _first_generation_after(ledger: Path, since: float) -> float | None:
@@ -99,6 +122,7 @@ class Injector:
     def __init__(self, pc: PlatformCluster, say: Callable[[str], None]) -> None:
         self.pc = pc
         self.say = say
+        self.commits = CommitLog(pc.ledger)
 
     def world(self) -> int:
         """The cluster's desired size: the job's full world."""
@@ -112,13 +136,17 @@ class Injector:
 
     def inject(self, fault: PlatformFault) -> FaultFigures:
         """Wait for `fault.after_steps` more steps, inject it, wait for recovery; returns the figures."""
-        start = committed(self.pc.ledger)
-        wait_until(
-            lambda: committed(self.pc.ledger) >= start + fault.after_steps,
-            180,
-            f"{fault.after_steps} committed steps before {fault.kind.value}",
-            interval=0.2,
-        )
+        start = self.commits.count()
+        with self.pc.client() as c:
+
+            def ready() -> bool:
+                if c.get_job(self.pc.job_id)["status"] != "Running":
+                    raise JobEnded(f"the job ended before {fault.kind.value}: {self.pc.log_tail(1000)}")
+                return self.commits.count() >= start + fault.after_steps
+
+            wait_until(
+                ready, 300, f"{fault.after_steps} committed steps before {fault.kind.value}", interval=0.2
+            )
         action = {
             PlatformFaultKind.KILL_WORKER: self._kill_worker,
             PlatformFaultKind.KILL_LAUNCHER: self._kill_launcher,
@@ -136,7 +164,9 @@ class Injector:
         """Fill in recovery (the job training at `world` again), detection by the job, steps lost."""
         ledger = self.pc.ledger
         at = wait_until(
-            lambda: first_full_commit(ledger, t0, world), RECOVERY_S, f"the job to train at {world} again"
+            lambda: self.commits.first_full_commit(t0, world),
+            RECOVERY_S,
+            f"the job to train at {world} again",
         )
         figures.recover_s = round(at - t0, 3)
         job_saw = _first_generation_after(ledger, t0)

@@ -49,7 +49,7 @@ def unmount(path: Path) -> None:
 class PlatformCluster:
     """A started container-backend server with one cluster of `containers` and an elastic job on it."""
 
-    def __init__(self, root: Path, containers: int = 3, max_np: int = 4, epochs: int = 4) -> None:
+    def __init__(self, root: Path, containers: int = 3, max_np: int = 4, epochs: int = 10) -> None:
         self.root = root
         self.containers = containers
         self.max_np = max_np
@@ -74,7 +74,7 @@ class PlatformCluster:
         """An admin client."""
         return self.plane.client()
 
-    def start(self, step_sleep: float = 0.08) -> dict[str, Any]:
+    def start(self, step_sleep: float = 0.3) -> dict[str, Any]:
         """Start the server, create the cluster and submit the job (slowed until `full_speed`)."""
         self.plane.start()
         self.slow.touch()

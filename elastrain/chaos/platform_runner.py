@@ -16,7 +16,7 @@ from elastrain.report import build_report
 
 
 def run_faults(
-    faults: Sequence[PlatformFault], workdir: Path, epochs: int = 3, log: TextIO = sys.stderr
+    faults: Sequence[PlatformFault], workdir: Path, epochs: int = 10, log: TextIO = sys.stderr
 ) -> dict[str, Any]:
     """Inject `faults` in order into one job on a fresh cluster in `workdir`; returns the figures of
     each fault and the totals (`passed` when the job succeeded with 0 duplicated, 0 missing, 0 orphaned

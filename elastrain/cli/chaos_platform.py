@@ -60,12 +60,12 @@ def cmd_chaos_platform(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {}
     try:
         for scenario in scenarios:
-            results[scenario.name] = run_faults(scenario.faults, workdir / scenario.name, epochs=2)
+            results[scenario.name] = run_faults(scenario.faults, workdir / scenario.name)
         if args.soak is not None:
             seed = args.seed if args.seed is not None else random.randrange(1 << 31)
             print(f"chaos: platform soak, {args.soak} faults, seed {seed} (--soak {args.soak} --seed {seed})")
             faults = soak_schedule(seed, args.soak)
-            results["soak"] = run_faults(faults, workdir / "soak", epochs=max(3, args.soak // 3))
+            results["soak"] = run_faults(faults, workdir / "soak", epochs=max(10, 2 * args.soak))
     except PlatformUnavailable as exc:
         raise ConfigError(str(exc)) from exc
     print_table(results)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +67,56 @@ def test_a_full_disk_is_recognised_through_the_exceptions_it_was_raised_from() -
         assert is_disk_full(outer)
     assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
     assert not is_disk_full(ValueError("database is locked"))
+
+
+def test_a_write_that_finds_the_disk_full_is_answered_507_problem_details() -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from elastrain.server.problems import install
+
+    app = FastAPI()
+    install(app)
+
+    @app.post("/full")
+    def full() -> None:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as exc:
+            raise RuntimeError("the commit failed") from exc
+
+    @app.post("/broken")
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        answer = client.post("/full")
+        assert answer.status_code == 507
+        assert answer.headers["content-type"] == "application/problem+json"
+        body = answer.json()
+        assert body["type"] == "https://elastrain.dev/problems/storage-full"
+        assert "data directory is full" in body["detail"] and "retry" in body["detail"]
+        assert client.post("/broken").status_code == 500
+
+
+def test_the_commit_log_reads_only_what_was_appended_and_waits_for_torn_lines(tmp_path: Path) -> None:
+    from elastrain.chaos.platform_faults import CommitLog
+
+    def commit(run: str, g: int, s: int, t: float) -> str:
+        return json.dumps({"k": "c", "g": g, "s": s, "ws": 2, "t": t, "run": run}, separators=(",", ":"))
+
+    generation = {"event": "generation", "run": "r1", "generation": 1, "world_size": 3, "requested_at": 10.0}
+    (tmp_path / "events.jsonl").write_text(json.dumps(generation) + "\n")
+    a, b = tmp_path / "a#0.jsonl", tmp_path / "b#0.jsonl"
+    a.write_text(commit("r1", 0, 0, 1.0) + "\n" + commit("r1", 0, 1, 2.0) + "\n")
+    b.write_text(commit("r1", 0, 0, 1.1) + "\n" + '{"k":"p","g":0,"s":1,"i":[1,2]}\n')
+    log = CommitLog(tmp_path)
+    assert log.count() == 2  # step 0 committed by both workers counts once
+    assert log.first_full_commit(5.0, 3) is None
+    with open(a, "a") as f:
+        f.write(commit("r1", 1, 2, 12.0) + "\n" + commit("r1", 1, 3, 13.0)[:20])  # a torn last line
+    assert log.count() == 3 and log.first_full_commit(5.0, 3) == 12.0
+    assert log.first_full_commit(5.0, 2) is None and log.first_full_commit(11.0, 3) is None
+    with open(a, "a") as f:
+        f.write(commit("r1", 1, 3, 13.0)[20:] + "\n")
+    assert log.count() == 4
