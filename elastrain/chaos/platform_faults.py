@@ -286,6 +286,11 @@ class Injector:
         fill(filler)
         try:
             figures.notes.update(self._probe_full(t0, figures))
+            steps = self.commits.count()  # the job trains on while the disk stays full
+            wait_until(lambda: self.commits.count() >= steps + 5, 60, "5 steps on a full disk", interval=0.2)
+            figures.notes["full_for_s"] = round(time.time() - t0, 3)
+            with self.pc.client() as c:
+                figures.notes["read_after_steps"] = c.get_job(self.pc.job_id)["status"]
         finally:
             filler.unlink(missing_ok=True)
         freed = time.time()

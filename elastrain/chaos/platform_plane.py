@@ -74,8 +74,9 @@ class PlatformCluster:
         """An admin client."""
         return self.plane.client()
 
-    def start(self, step_sleep: float = 0.3) -> dict[str, Any]:
-        """Start the server, create the cluster and submit the job (slowed until `full_speed`)."""
+    def start(self, step_sleep: float = 0.3, max_platform_restarts: int = 3) -> dict[str, Any]:
+        """Start the server, create the cluster and submit the job (slowed until `full_speed`; started
+        again at most `max_platform_restarts` times after its launcher died)."""
         self.plane.start()
         self.slow.touch()
         elastic = (
@@ -91,7 +92,9 @@ class PlatformCluster:
                 CLUSTER, framework="pytorch", containers=self.containers, mounts=[f"{self.data}:/data"]
             )
             c.wait_cluster(CLUSTER, all_running, timeout=120)
-            job = c.submit_job(CLUSTER, f"{elastic} {train}".split())
+            job = c.submit_job(
+                CLUSTER, f"{elastic} {train}".split(), max_platform_restarts=max_platform_restarts
+            )
         self.job_id = int(job["id"])
         return job
 

@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from elastrain.chaos.platform import PlatformFault
+from elastrain.chaos.platform import PlatformFault, PlatformFaultKind
 from elastrain.chaos.platform_faults import FaultFigures, Injector, integrity
 from elastrain.chaos.platform_plane import SAMPLES, PlatformCluster
 from elastrain.report import build_report
+
+LAUNCHER_LOSSES = {PlatformFaultKind.KILL_LAUNCHER, PlatformFaultKind.REBOOT}
 
 
 def run_faults(
@@ -29,7 +31,9 @@ def run_faults(
     figures: list[FaultFigures] = []
     result: dict[str, Any] = {}
     try:
-        job = pc.start()
+        # each launcher loss restarts the job once: the budget covers the schedule's, and 3 more
+        launcher_losses = sum(f.kind in LAUNCHER_LOSSES for f in faults)
+        job = pc.start(max_platform_restarts=launcher_losses + 3)
         say(f"job {job['id']} submitted on a 3-container cluster (server {pc.key})")
         injector = Injector(pc, say)
         try:

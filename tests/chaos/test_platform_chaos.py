@@ -64,6 +64,7 @@ def test_reboot_every_container_stopped_and_the_server_restarted(image: str, tmp
 def test_disk_full_reads_work_writes_answer_507_nothing_corrupt(image: str, tmp_path: Path) -> None:
     [fault] = _run(image, tmp_path, PLATFORM_SCENARIOS["disk-full"].faults)["faults"]
     notes = fault["notes"]
-    assert notes["read_job_status"] == "Running" and notes["read_clusters"] == 1, notes
+    assert notes["read_job_status"] == notes["read_after_steps"] == "Running", notes
+    assert notes["read_clusters"] == 1, notes
     assert notes["write_statuses"][-1] == 507 and set(notes["write_statuses"]) <= {507}, notes
     assert (notes["write_after"], notes["integrity"]) == ("ok", "ok"), notes
