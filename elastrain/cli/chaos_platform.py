@@ -57,6 +57,7 @@ def cmd_chaos_platform(args: argparse.Namespace) -> int:
     from elastrain.chaos.platform_runner import run_faults
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="elastrain-pchaos-"))
+    print(f"chaos: platform runs in {workdir} (server logs, sample ledgers, checkpoints)")
     results: dict[str, dict[str, Any]] = {}
     try:
         for scenario in scenarios:
