@@ -6,7 +6,6 @@ full size again, or the data directory writable again), steps lost, orphaned con
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -307,9 +306,9 @@ class Injector:
             job = c.get_job(self.pc.job_id)  # a read
             clusters = len(c.list_clusters())
             refusals: list[int] = []
-            for attempt in range(20):
+            for _ in range(20):
                 try:
-                    c.create_user(f"chaos-full-{os.getpid()}-{attempt}")
+                    c.create_user(f"chaos-full-{time.monotonic_ns()}")
                 except ClientError as exc:
                     refusals.append(exc.status)
                     if figures.detect_s is None:

@@ -124,6 +124,17 @@ class PlatformCluster:
             known = {self.container_name(k.name) for cluster in c.list_clusters() for k in cluster.containers}
         return [name for name in server_containers(self.key) if name not in known]
 
+    def lost(self) -> list[str]:
+        """Containers the server shows Running that podman does not have (should be none)."""
+        present = set(server_containers(self.key))
+        with self.client() as c:
+            return [
+                k.name
+                for cluster in c.list_clusters()
+                for k in cluster.containers
+                if k.state == "Running" and self.container_name(k.name) not in present
+            ]
+
     def stop(self) -> list[str]:
         """Delete the cluster, stop the server, remove anything left (returned), unmount the disk."""
         key = self.key

@@ -55,6 +55,7 @@ def run_faults(
             "duplicated": sum(e["duplicates"] for e in epochs_seen),
             "missing": sum(e["missing"] for e in epochs_seen) + SAMPLES * max(0, epochs - len(epochs_seen)),
             "orphaned": len(orphans),
+            "lost_containers": pc.lost(),
             "database": integrity(pc.plane.data / "elastrain.db"),
             "generations": [(g["world_size"], g["cause"]) for g in report["generations"]],
         }
@@ -69,6 +70,7 @@ def run_faults(
         and result["duplicated"] == 0
         and result["missing"] == 0
         and result["orphaned"] == 0
+        and not result["lost_containers"]
         and result["database"] == "ok"
         and not left
     )

@@ -120,3 +120,27 @@ def test_the_commit_log_reads_only_what_was_appended_and_waits_for_torn_lines(tm
     with open(a, "a") as f:
         f.write(commit("r1", 1, 3, 13.0)[20:] + "\n")
     assert log.count() == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["--platform", "--list"], 0, "server-kill-during-scale   the restarted server finishes the scale"),
+        (["--platform", "nope"], 2, "unknown platform scenario 'nope'; choose from kill-worker"),
+        (["--platform"], 2, "name a scenario (elastrain chaos --platform --list shows them)"),
+        (["--platform", "--soak", "0"], 2, "--soak must be >= 1, got 0"),
+        (["kill-worker"], 2, "SCENARIO, --list and --soak go with --platform"),
+    ],
+)
+def test_the_platform_cli_lists_and_refuses_bad_input_in_one_line(
+    args: list[str], code: int, says: str
+) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "elastrain", "chaos", *args], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == code, done.stderr
+    assert says in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
