@@ -6,6 +6,7 @@ that writes the sample ledger and checkpoints to a shared host directory.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,8 @@ class PlatformCluster:
         self.slow.touch()
         elastic = (
             f"elastrain run --min-np 2 --max-np {self.max_np} --hostfile /etc/mpi/hostfile "
-            "--heartbeat-timeout 5 --ledger /data/ledger --checkpoint-dir /data/ckpt --checkpoint-every 10"
+            "--heartbeat-timeout 5 --start-timeout 300 --ledger /data/ledger "
+            "--checkpoint-dir /data/ckpt --checkpoint-every 10"
         )
         train = (
             f"python /data/mnist_elastic.py --epochs {self.epochs} --batch-size 200 "
@@ -92,11 +94,33 @@ class PlatformCluster:
                 CLUSTER, framework="pytorch", containers=self.containers, mounts=[f"{self.data}:/data"]
             )
             c.wait_cluster(CLUSTER, all_running, timeout=120)
+            self.seed_dataset()
             job = c.submit_job(
                 CLUSTER, f"{elastic} {train}".split(), max_platform_restarts=max_platform_restarts
             )
         self.job_id = int(job["id"])
         return job
+
+    def seed_dataset(self) -> None:
+        """Put the example's dataset in the cluster's home (its cache there), made on this machine once:
+        else every fresh cluster generates it first (mnist1d, a matplotlib font cache), minutes under load."""
+        import importlib.util
+        import shutil
+
+        from elastrain.testing.jobs import EXAMPLE
+
+        spec = importlib.util.spec_from_file_location("mnist1d_data", EXAMPLE.parent / "mnist1d_data.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.load()  # generated here once, then cached
+        home = self.plane.data / "clusters" / CLUSTER / "home"
+        owner = home.stat()
+        target = home / ".cache" / "elastrain" / module.cache_path().name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(module.cache_path(), target)
+        for path in (home / ".cache", target.parent, target):
+            os.chown(path, owner.st_uid, owner.st_gid)
 
     def full_speed(self) -> None:
         """Let the job run at full speed to its end."""
