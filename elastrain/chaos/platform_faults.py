@@ -306,7 +306,7 @@ class Injector:
             job = c.get_job(self.pc.job_id)  # a read
             clusters = len(c.list_clusters())
             refusals: list[int] = []
-            for _ in range(20):
+            for _ in range(50):  # a write that fits in the pages SQLite already holds is stored
                 try:
                     c.create_user(f"chaos-full-{time.monotonic_ns()}")
                 except ClientError as exc:
@@ -315,7 +315,12 @@ class Injector:
                         figures.detect_s = round(time.time() - t0, 3)
                     if exc.status in (503, 507):
                         break
-        return {"read_job_status": job["status"], "read_clusters": clusters, "write_statuses": refusals}
+        return {
+            "read_job_status": job["status"],
+            "read_clusters": clusters,
+            "write_statuses": refusals,
+            "server_errors": sum(status not in (503, 507) for status in refusals),
+        }
 
 
 def fill(path: Path) -> int:

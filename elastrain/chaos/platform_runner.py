@@ -71,6 +71,7 @@ def run_faults(
         and result["missing"] == 0
         and result["orphaned"] == 0
         and not result["lost_containers"]
+        and not any(f["notes"].get("server_errors") for f in result["faults"])
         and result["database"] == "ok"
         and not left
     )
