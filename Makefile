@@ -21,7 +21,7 @@ LANE2_MARKS := $(LANE2_RUN) or k8s
 REST_TESTS  := $(filter-out $(FAST_TESTS) tests/k8s tests/__pycache__,$(patsubst %/,%,$(wildcard tests/*/))) \
                $(wildcard tests/test_*.py)
 
-.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak clean portal-deps slurm-deps container-deps postgres-deps image test-fast test-fast-bare audit openapi fuzz bench-scheduler bench-platform k8s-deps test-k8s
+.PHONY: install demo demo-cluster demo-portal test lint unit integration bench soak soak-platform clean portal-deps slurm-deps container-deps postgres-deps image test-fast test-fast-bare audit openapi fuzz bench-scheduler bench-platform k8s-deps test-k8s
 
 install: $(STAMP)
 
@@ -125,6 +125,13 @@ test: test-fast audit portal-deps slurm-deps container-deps test-fast-bare postg
 SEED ?= $(shell date +%s)
 soak: install
 	$(VENV)/bin/elastrain chaos --scenario soak --faults 50 --seed $(SEED) --json artifacts/soak.json
+
+# 30 random platform faults (podman kill of workers and the launcher, network cuts, kill -9 of the server
+# in a scale, reboots, a full data dir; seeded) on one container-backend cluster and its elastic job; the
+# last line: `soak-platform: F faults, D duplicated, M missing, O orphaned`. Needs podman and root
+# (make container-deps); not in `make test`
+soak-platform: install container-deps
+	$(VENV)/bin/elastrain chaos --platform --soak 30 --seed $(SEED) --json artifacts/soak-platform.json
 
 # the published API schema: docs/openapi.json from the app itself (tests/contract fails when it is stale)
 openapi: install

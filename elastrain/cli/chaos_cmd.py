@@ -23,12 +23,27 @@ def add_chaos_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--faults", type=int, default=50, help="soak: how many random faults (default 50)")
     p.add_argument("--seed", type=int, help="soak: the schedule's seed (default: random, printed)")
+    p.add_argument(
+        "--platform",
+        action="store_true",
+        help="platform faults on a container-backend cluster (podman) running an elastic job: "
+        "--list names them; SCENARIO runs one (or a comma-separated list, or all)",
+    )
+    p.add_argument("--list", action="store_true", help="with --platform: list the platform scenarios")
+    p.add_argument(
+        "--soak", type=int, metavar="N", help="with --platform: N random platform faults (--seed) in one job"
+    )
+    p.add_argument("name", nargs="?", metavar="SCENARIO", help="with --platform: the scenario(s) to run")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--workdir", type=Path, help="where the runs go (default: a temp dir)")
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Run the scenarios; exit 0 only when every one passed."""
+    if args.platform or args.list or args.soak is not None or args.name:
+        from elastrain.cli.chaos_platform import cmd_chaos_platform
+
+        return cmd_chaos_platform(args)
     from elastrain.chaos.runner import ChaosRunner
     from elastrain.chaos.scenarios import parse_scenarios
 

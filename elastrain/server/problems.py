@@ -28,6 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from elastrain.server.disk_full import DISK_FULL_DETAIL, is_disk_full
 from elastrain.server.errors import ApiError, FieldError, InvalidRequest
 from elastrain.server.redact import redact
 
@@ -45,6 +46,7 @@ PROBLEM_TYPES: dict[int, tuple[str, str]] = {
     422: ("validation", "Invalid request"),
     429: ("too-many", "Too many requests"),
     500: ("internal", "Internal server error"),
+    507: ("storage-full", "Insufficient storage"),
 }
 """status -> (the last part of the type URI, title): one problem type per kind of refusal."""
 
@@ -208,5 +210,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> ProblemResponse:
+        if is_disk_full(exc):
+            log.warning("a write failed, the data directory is full: %s", exc)
+            return problem_response(507, DISK_FULL_DETAIL, instance_of(request))
         log.exception("unhandled error")
         return problem_response(500, f"internal error: {type(exc).__name__}", instance_of(request))
