@@ -1,6 +1,7 @@
 """The cluster page's resource figures in a real chromium (process backend): one row per Running
-container with its CPU % and memory in use (no limit: a process container has none), and "no GPUs"
-where NVML cannot start or the GPUs are virtual; the create form's GPU type offers "any". Screenshot:
+container with its CPU % and memory in use (of the cluster's limit: the server's default per container
+when it asked for none), and "no GPUs" where NVML cannot start or the GPUs are virtual; the create
+form's GPU type offers "any". Screenshot:
 artifacts/screenshots/cluster-usage.png.
 """
 
@@ -41,7 +42,9 @@ def test_cluster_page_shows_each_containers_resource_figures(
     for i in range(rows.count()):
         row = rows.nth(i)
         assert row.get_attribute("data-source") == "processes"
-        assert re.fullmatch(r"[\d.]+\s(KiB|MiB|GiB) / no limit", row.locator(".usage-memory").inner_text())
+        # created without --memory: the server's default limit per container (half this machine's memory)
+        memory = row.locator(".usage-memory").inner_text()
+        assert re.fullmatch(r"[\d.]+\s(KiB|MiB|GiB) / [\d.]+\s(GiB|TiB)", memory), memory
         assert row.locator(".usage-gpu").inner_text().startswith("no GPUs")  # virtual GPUs: no device to read
     shot(page, "cluster-usage")
 
