@@ -33,8 +33,8 @@ class StatePart(Protocol):
     """State the cycle keeps across generations beside the model, optimizer and sampler, which the
     part itself moves between ranks (a ZeRO optimizer's partitions: `elastrain.deepspeed`).
 
-    Both calls are collectives of every rank of the current group (the default process group); a
-    `RuntimeError` from them is a peer failure (the loop rejoins).
+    Every call is a collective of every rank of the current group (the default process group); a
+    `RuntimeError` from one is a peer failure (the loop rejoins; from `interrupted`, only a warning).
     """
 
     def committed(self, rank: int, world: int, step: int, generation: int) -> None:
@@ -127,7 +127,7 @@ class State:
         self._resize_hooks.append(hook)
 
     def keep(self, part: StatePart) -> None:
-        """Keep `part` across generations too (its `committed` after each commit, its `interrupted` when
+        """Keep `part` across generations too (its `committed` before each commit, its `interrupted` when
         all ranks stop together for a new generation, its `regrouped` once per generation after the
         state sync)."""
         self.parts.append(part)
